@@ -1,0 +1,133 @@
+"""The replay report: what ``schedtrace replay --json`` writes and the TUI reads.
+
+docs/replay-report.md documents every key. The JSON is deterministic: the
+same trace and arms give the same bytes (sorted lists, no wall-clock times,
+no host names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from tracer.errors import TraceFormatError, TraceNotFoundError
+
+REPORT_VERSION: Final = 1
+
+# Divergence kinds, in the order they are listed.
+DIVERGENCE_KINDS: Final = (
+    "admitted",  # admitted rids or their extend lengths differ
+    "chunk",  # continuing chunk size, or run vs deferred
+    "batch_is_full",
+    "new_chunked",  # the new chunked request differs
+    "aiter",  # aiter attention method differs
+    "over_ask",  # one arm asks alloc_extend for more than free + evictable
+    "error",  # one arm raised (e.g. the one-chunk assert)
+)
+
+
+class Decision(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """The decision fields of one pass under one arm (same as the recorder's outputs)."""
+
+    admitted: list[tuple[str, int]]  # (rid, extend_len) in admission order
+    chunk_budget: int | None = None  # available_chunk_tokens result for the continuing chunk
+    chunk_size: int | None = None  # continuing chunk's extend (None: not run / deferred)
+    new_chunked_rid: str | None = None
+    batch_is_full: bool = False
+    aiter_method: str | None = None
+    over_ask: int = 0  # tokens asked beyond free + evictable (0: fits)
+    error: str | None = None  # "Type: message" if the arm raised
+
+
+class Divergence(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):
+    pass_: int  # pass number (Pass.seq)
+    t_ns: int
+    kinds: list[str]  # subset of DIVERGENCE_KINDS, in that order
+    fixes: list[str]  # fixes that, applied alone, reproduce the new arm's decision
+    old: Decision
+    new: Decision
+
+
+class Mismatch(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):
+    """A pass where the replayed arm disagrees with the recorded decision."""
+
+    pass_: int
+    fields: list[str]
+    recorded: Decision
+    replayed: Decision
+
+
+class Fidelity(msgspec.Struct, kw_only=True):
+    arm: str  # the arm compared with the recording (the old arm)
+    matched: int
+    total: int
+    mismatches: list[Mismatch] = []
+
+
+class Stall(msgspec.Struct, kw_only=True):
+    start_pass: int  # onset: first pass of the run
+    end_pass: int  # last pass of the run
+    passes: int
+    head_rid: str | None  # request at the head of the queue at onset
+
+
+class ArmError(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):
+    pass_: int
+    error: str
+
+
+class ArmOutcome(msgspec.Struct, kw_only=True):
+    """Closed-loop result of one arm."""
+
+    stalls: int
+    stalled_passes: int
+    over_asks: int
+    exceptions: int
+    completed: int
+    queue_peak: int
+    first_admission_passes: dict[str, int]  # rid -> passes from arrival to first admission
+
+
+class ClosedLoop(msgspec.Struct, kw_only=True):
+    from_pass: int
+    passes: int
+    arms: dict[str, ArmOutcome]
+
+
+class Report(msgspec.Struct, kw_only=True):
+    version: int = REPORT_VERSION
+    trace: str
+    sglang_version: str  # installed sglang that replayed
+    trace_sglang_version: str  # sglang that recorded
+    old: str
+    new: str
+    passes: int
+    truncated_at: int | None = None
+    unknown_records: dict[str, int] = {}
+    fidelity: Fidelity
+    divergences: list[Divergence]
+    stalls: dict[str, list[Stall]]  # arm name -> stalls (open-loop)
+    errors: dict[str, list[ArmError]]  # arm name -> exceptions raised
+    closed_loop: ClosedLoop | None = None
+
+
+_json_encoder = msgspec.json.Encoder(order="sorted")
+_json_decoder = msgspec.json.Decoder(Report)
+
+
+def dump_report(report: Report) -> bytes:
+    """Deterministic JSON bytes (sorted keys, trailing newline)."""
+    return msgspec.json.format(_json_encoder.encode(report), indent=2) + b"\n"
+
+
+def load_report(path: str | Path) -> Report:
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TraceNotFoundError(str(path), "no such replay report") from None
+    try:
+        return _json_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(str(path), 0, f"not a schedtrace replay report: {exc}") from None

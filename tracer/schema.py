@@ -1,0 +1,257 @@
+"""Trace schema v1: the one contract between tracer/, replay/ and tui/.
+
+Every record is a msgspec Struct encoded as a msgpack *array* whose first
+element is the record's tag (``["pass", 17, ...]``), so a stock
+``msgpack.Unpacker`` reads every record and field order is the schema.
+Fields are only ever appended, with defaults: a reader ignores trailing
+fields it does not know and fills missing trailing ones from defaults.
+docs/trace-format.md is the prose version of this file; keep them in step.
+
+No record holds prompt text or token ids: only rids, lengths and counts.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Union
+
+import msgspec
+
+SCHEMA_VERSION: Final = 1
+
+
+class _Record(msgspec.Struct, array_like=True, tag_field="type", omit_defaults=False):
+    """Base of the tagged top-level records."""
+
+
+class _Row(msgspec.Struct, array_like=True):
+    """Base of nested rows (no tag)."""
+
+
+# --- header -----------------------------------------------------------------
+
+
+class ServerArgs(_Row):
+    """The server args that change scheduling decisions."""
+
+    schedule_policy: str
+    chunked_prefill_size: int | None
+    max_prefill_tokens: int
+    page_size: int
+    max_running_requests: int | None
+    max_total_tokens: int | None
+    attention_backend: str | None
+    model_path: str
+    enable_mixed_chunk: bool = False
+    enable_priority_scheduling: bool = False
+    disable_radix_cache: bool = False
+    schedule_conservativeness: float = 1.0
+
+
+class Header(_Record, tag="header"):
+    schema_version: int
+    sglang_version: str
+    schedtrace_version: str
+    host: str
+    pid: int
+    tp_rank: int
+    dp_rank: int | None
+    start_wall_ns: int  # time.time_ns() when t_ns == 0
+    server_args: ServerArgs
+    part: int = 0  # rotation index; part N continues part N-1
+    first_pass: int = 0  # pass number of this part's first pass record
+    # Real state the replayer must know but cannot infer from a pass.
+    max_req_slots: int = 0  # req_to_token_pool size
+    is_hybrid_swa: bool = False
+    is_hybrid_mamba: bool = False
+
+
+# --- pass (one scheduling pass that could admit work) -------------------------
+
+
+class KvSnapshot(_Row):
+    """Token counts of the KV pools at pass entry."""
+
+    available: int  # free tokens in the full pool
+    evictable: int  # tokens the radix cache could evict
+    swa_available: int | None = None
+    swa_evictable: int | None = None
+    mamba_available: int | None = None
+    mamba_evictable: int | None = None
+
+
+class WaitingReq(_Row):
+    """A queued request as the pass saw it (queue order at pass entry)."""
+
+    rid: str
+    input_len: int
+    output_len: int  # > 0 only for retracted requests
+    max_new_tokens: int
+    prefix_len: int  # prefix match this pass (candidates) or last known
+    priority: int | None = None
+    ignore_eos: bool = False
+
+
+class RunningReq(_Row):
+    rid: str
+    input_len: int
+    output_len: int
+    max_new_tokens: int
+    ignore_eos: bool = False
+
+
+class ChunkedReq(_Row):
+    """The in-flight chunked request at pass entry."""
+
+    rid: str
+    input_len: int
+    prefix_len: int  # tokens already prefilled
+    max_new_tokens: int
+    output_len: int = 0
+    ignore_eos: bool = False
+
+
+class Candidate(_Row):
+    """One ``PrefillAdder.add_one_req`` call and what it returned."""
+
+    rid: str
+    prefix_len: int
+    extend_len: int  # admitted extend (0 if rejected)
+    result: str  # CONTINUE | NO_TOKEN | OTHER
+
+
+class Admitted(_Row):
+    rid: str
+    prefix_len: int
+    extend_len: int
+
+
+class ChunkOutcome(_Row):
+    """How the continuing chunk of ``chunked`` was sized this pass."""
+
+    rid: str
+    budget: int | None  # PrefillBudget.available_chunk_tokens result (None = deferred)
+    size: int | None  # extend admitted for it (None = not run this pass)
+
+
+class Pass(_Record, tag="pass"):
+    seq: int  # pass number within the trace (index into the footer)
+    t_ns: int  # monotonic ns since the header's start
+    dur_ns: int
+    repeat: int  # identical consecutive passes folded into this record
+    idle_before: int  # idle passes (nothing to admit) since the previous record
+    # inputs
+    waiting: list[WaitingReq]
+    running: list[RunningReq]
+    chunked: ChunkedReq | None
+    batch_is_full_in: bool
+    kv: KvSnapshot
+    req_slots_free: int
+    new_token_ratio: float
+    chunked_prefill_size: int | None
+    # outputs
+    candidates: list[Candidate]
+    admitted: list[Admitted]
+    chunk: ChunkOutcome | None
+    new_chunked_rid: str | None
+    batch_is_full_out: bool
+    error: str | None = None  # exception raised by the pass: "Type: message"
+
+
+# --- events ----------------------------------------------------------------
+
+
+class Arrival(_Record, tag="arrive"):
+    t_ns: int
+    rid: str
+    input_len: int
+    max_new_tokens: int
+    priority: int | None = None
+    ignore_eos: bool = False
+
+
+class Finish(_Record, tag="finish"):
+    t_ns: int
+    rid: str
+    output_len: int
+    reason: str  # "length", "stop", "abort", ...
+
+
+class Abort(_Record, tag="abort"):
+    t_ns: int
+    rid: str
+
+
+class Retract(_Record, tag="retract"):
+    t_ns: int
+    rid: str
+    output_len: int
+
+
+class Alloc(_Record, tag="alloc"):
+    """One KV allocator call."""
+
+    t_ns: int
+    pass_seq: int  # last pass record written before it (-1: none)
+    op: str  # "alloc_extend" | "alloc" | "alloc_decode"
+    requested: int  # tokens asked for
+    available: int  # free tokens before the call
+    evictable: int
+    ok: bool
+
+
+class Aiter(_Record, tag="aiter"):
+    """One ``handle_attention_aiter`` dispatch."""
+
+    t_ns: int
+    forward_mode: str
+    seq_lens_sum: int
+    max_chunk_capacity: int
+    in_piecewise_graph: bool
+    in_breakable_graph: bool
+    method: str
+
+
+class Idle(_Record, tag="idle"):
+    """Idle passes folded since the previous record (written before the next one)."""
+
+    t_ns: int
+    count: int
+
+
+class Loss(_Record, tag="loss"):
+    """The writer dropped ``count`` records (queue full or write error)."""
+
+    t_ns: int
+    count: int
+    reason: str = "queue_full"
+
+
+class HookError(_Record, tag="hook_error"):
+    """A recorder hook raised; the sglang function still ran. Logged once per hook."""
+
+    t_ns: int
+    hook: str
+    message: str
+    count: int = 1
+
+
+class Footer(_Record, tag="footer"):
+    """Written on clean close. ``pass_offsets`` is little-endian uint64 byte offsets."""
+
+    t_ns: int
+    counts: dict[str, int]  # records written, by tag, plus "idle_passes", "lost"
+    pass_offsets: bytes
+
+
+Record = Union[
+    Header, Pass, Arrival, Finish, Abort, Retract, Alloc, Aiter, Idle, Loss, HookError, Footer
+]
+RECORD_TYPES: Final[dict[str, type]] = {
+    cls.__struct_config__.tag: cls for cls in Record.__args__  # type: ignore[attr-defined]
+}
+EVENT_TYPES: Final = (Arrival, Finish, Abort, Retract, Alloc, Aiter, Idle, Loss, HookError)
+
+# The last bytes of a cleanly closed file: ["tail", <footer offset as uint64>].
+TAIL_TAG: Final = "tail"
+TAIL_PREFIX: Final = b"\x92\xa4tail\xcf"
+TAIL_SIZE: Final = len(TAIL_PREFIX) + 8
