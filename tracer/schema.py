@@ -209,6 +209,7 @@ class Aiter(_Record, tag="aiter"):
     in_piecewise_graph: bool
     in_breakable_graph: bool
     method: str
+    pass_seq: int = -1  # last pass record written before it
 
 
 class Idle(_Record, tag="idle"):

@@ -1,0 +1,224 @@
+"""Swap a real function's code for an edited copy of its own source, and back.
+
+A ``SourceEdit`` names one function by import path and gives an exact
+old snippet and its replacement. ``prepare`` reads the function's source with
+``inspect.getsource``, checks the snippet, compiles the edited source once in
+the function's own module globals and returns a ``PreparedEdit`` whose
+``apply``/``revert`` only assign ``__code__``. Assigning ``__code__`` (rather
+than rebinding a name) is what makes every existing reference see the edit:
+bound methods, ``from x import f`` copies and hook wrappers alike.
+
+The code here knows nothing about which fixes exist; ``replay.fixes`` does.
+"""
+
+from __future__ import annotations
+
+import __future__
+
+import ast
+import enum
+import importlib
+import inspect
+import textwrap
+import types
+from dataclasses import dataclass
+from functools import cache
+
+from tracer.errors import FixMismatchError
+
+# Compiler flags a module's ``from __future__`` imports put on its code objects.
+_FUTURE_FLAGS = 0
+for _name in __future__.all_feature_names:
+    _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
+
+
+class EditStatus(enum.Enum):
+    PATCHABLE = "patchable"  # the old snippet is there exactly once
+    ALREADY_PRESENT = "already present"  # upstream already carries the new snippet
+
+
+@dataclass(frozen=True)
+class SourceEdit:
+    """Replace ``old`` by ``new`` inside the function ``target``.
+
+    ``target`` is ``"package.module:Qualified.name"``. Both snippets are
+    written at any indentation; they are matched line by line at the
+    indentation they have in the function.
+    """
+
+    fix: str
+    target: str
+    old: str
+    new: str
+
+
+@dataclass(eq=False)
+class PreparedEdit:
+    """One edit, compiled once; ``apply``/``revert`` cost one attribute store."""
+
+    edit: SourceEdit
+    status: EditStatus
+    function: types.FunctionType
+    original: types.CodeType
+    patched: types.CodeType
+
+    def apply(self) -> None:
+        self.function.__code__ = self.patched
+
+    def revert(self) -> None:
+        self.function.__code__ = self.original
+
+    @property
+    def is_applied(self) -> bool:
+        return self.function.__code__ is self.patched
+
+
+@cache
+def sglang_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def resolve(target: str) -> types.FunctionType:
+    """The innermost plain function behind ``module:Qual.name``.
+
+    Hook wrappers (sglang's plugin hooks use ``functools.wraps``) are unwrapped
+    so the edit lands in the real function however many layers sit on top.
+    """
+    module_name, _, qualname = target.partition(":")
+    obj: object = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        # __dict__ first: it sees staticmethod/classmethod objects unbound.
+        obj = vars(obj).get(part, getattr(obj, part)) if isinstance(obj, type) else getattr(obj, part)
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    obj = inspect.unwrap(obj)
+    if not isinstance(obj, types.FunctionType):
+        raise TypeError(f"{target} is not a Python function: {type(obj).__name__}")
+    return obj
+
+
+def prepare(edit: SourceEdit) -> PreparedEdit:
+    """Check ``edit`` against the installed code and compile it (no swap yet)."""
+    function = resolve(edit.target)
+    original = function.__code__
+    source = inspect.getsource(function)
+    old_hits = find_block(source, edit.old)
+    new_hits = find_block(source, edit.new)
+    if new_hits:
+        return PreparedEdit(edit, EditStatus.ALREADY_PRESENT, function, original, original)
+    if len(old_hits) != 1:
+        detail = (
+            "the code to replace is not there"
+            if not old_hits
+            else f"the code to replace occurs {len(old_hits)} times, expected once"
+        )
+        raise FixMismatchError(edit.fix, edit.target, sglang_version(), detail)
+    edited = replace_block(source, edit.old, edit.new, old_hits[0])
+    patched = compile_like(function, edited)
+    return PreparedEdit(edit, EditStatus.PATCHABLE, function, original, patched)
+
+
+# --------------------------------------------------------------- snippets
+
+
+def _block_lines(snippet: str) -> list[str]:
+    return textwrap.dedent(snippet).strip("\n").splitlines()
+
+
+def find_block(source: str, snippet: str) -> list[tuple[int, str]]:
+    """(line index, indentation) of every place ``snippet`` occurs whole.
+
+    A match is exact line by line after one common indentation prefix, so
+    a snippet cannot match half a line or a differently nested copy.
+    """
+    block = _block_lines(snippet)
+    if not block:
+        raise ValueError("empty snippet")
+    lines = source.splitlines()
+    hits: list[tuple[int, str]] = []
+    for start in range(len(lines) - len(block) + 1):
+        first = lines[start]
+        indent = first[: len(first) - len(first.lstrip())]
+        if all(
+            (lines[start + k].strip() == "" if not want.strip() else lines[start + k] == indent + want)
+            for k, want in enumerate(block)
+        ):
+            hits.append((start, indent))
+    return hits
+
+
+def replace_block(source: str, old: str, new: str, hit: tuple[int, str]) -> str:
+    start, indent = hit
+    lines = source.splitlines()
+    replacement = [indent + line if line.strip() else "" for line in _block_lines(new)]
+    lines[start : start + len(_block_lines(old))] = replacement
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------ compilation
+
+
+def compile_like(function: types.FunctionType, source: str) -> types.CodeType:
+    """Compile ``source`` (one ``def``) into a code object ``function`` can take.
+
+    It keeps the function's module globals, ``from __future__`` flags, file
+    name, first line, qualified name and free variables (a method using
+    ``super()`` closes over ``__class__``), and drops decorators, defaults and
+    annotations: those live on the function object, which is not replaced.
+    """
+    original = function.__code__
+    indented = source[:1].isspace()
+    tree = ast.parse("if 1:\n" + source if indented else source)
+    node = tree.body[0].body[0] if indented else tree.body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise TypeError(f"{function.__qualname__}: source is not a function definition")
+    node.decorator_list = []
+    node.returns = None
+    for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg):
+        if arg is not None:
+            arg.annotation = None
+    # Line numbers as in the file, so tracebacks point at the real source.
+    ast.increment_lineno(node, original.co_firstlineno - node.lineno)
+
+    body: list[ast.stmt] = [node]
+    if original.co_freevars:
+        # Give the def an enclosing scope that binds the same free names, so
+        # the compiler makes them free variables, not globals.
+        outer = ast.FunctionDef(
+            name="__schedtrace_outer__",
+            args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[
+                *(
+                    ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Constant(None))
+                    for name in original.co_freevars
+                ),
+                node,
+            ],
+            decorator_list=[],
+        )
+        body = [outer]
+    module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
+    flags = original.co_flags & _FUTURE_FLAGS
+    module_code = compile(module, original.co_filename, "exec", flags=flags, dont_inherit=True)
+    code = _find_code(module_code, node.name)
+    if code.co_freevars != original.co_freevars:
+        raise TypeError(
+            f"{function.__qualname__}: the edit changes the free variables "
+            f"{original.co_freevars} -> {code.co_freevars}"
+        )
+    return code.replace(co_qualname=original.co_qualname)
+
+
+def _find_code(code: types.CodeType, name: str) -> types.CodeType:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name:
+                return const
+            if const.co_name == "__schedtrace_outer__":
+                return _find_code(const, name)
+    raise LookupError(name)
