@@ -11,7 +11,6 @@ install: $(VENV)/.schedtrace-installed
 
 $(VENV)/.schedtrace-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 

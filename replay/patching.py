@@ -118,9 +118,35 @@ def prepare(edit: SourceEdit) -> PreparedEdit:
             else f"the code to replace occurs {len(old_hits)} times, expected once"
         )
         raise FixMismatchError(edit.fix, edit.target, sglang_version(), detail)
+    # The unedited source must compile to exactly the loaded code; otherwise
+    # the file changed since import and an edit of it would patch blind.
+    if not same_code(compile_like(function, source), original):
+        raise FixMismatchError(
+            edit.fix,
+            edit.target,
+            sglang_version(),
+            "the source on disk does not compile to the loaded code",
+        )
     edited = replace_block(source, edit.old, edit.new, old_hits[0])
     patched = compile_like(function, edited)
     return PreparedEdit(edit, EditStatus.PATCHABLE, function, original, patched)
+
+
+def same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Byte-identical code, nested code objects compared the same way."""
+    if a.co_code != b.co_code or a.co_names != b.co_names or a.co_varnames != b.co_varnames:
+        return False
+    if a.co_freevars != b.co_freevars or a.co_cellvars != b.co_cellvars:
+        return False
+    if len(a.co_consts) != len(b.co_consts):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts):
+        if isinstance(x, types.CodeType) and isinstance(y, types.CodeType):
+            if not same_code(x, y):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
 
 
 # --------------------------------------------------------------- snippets
@@ -202,6 +228,9 @@ def compile_like(function: types.FunctionType, source: str) -> types.CodeType:
             decorator_list=[],
         )
         body = [outer]
+    # The module's imports, compiled but never run: CPython emits different
+    # (equivalent) bytecode for attribute calls on imported names.
+    body = [*_module_imports(function.__module__), *body]
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
     flags = original.co_flags & _FUTURE_FLAGS
     module_code = compile(module, original.co_filename, "exec", flags=flags, dont_inherit=True)
@@ -211,7 +240,33 @@ def compile_like(function: types.FunctionType, source: str) -> types.CodeType:
             f"{function.__qualname__}: the edit changes the free variables "
             f"{original.co_freevars} -> {code.co_freevars}"
         )
-    return code.replace(co_qualname=original.co_qualname)
+    nested = inspect.CO_NESTED
+    flags = (code.co_flags & ~nested) | (original.co_flags & nested)
+    return code.replace(co_qualname=original.co_qualname, co_flags=flags)
+
+
+@cache
+def _module_imports(module_name: str) -> tuple[ast.stmt, ...]:
+    """Import statements bound at module scope of ``module_name``."""
+    import sys
+
+    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    found: list[ast.stmt] = []
+
+    def walk(statements: list[ast.stmt]) -> None:
+        for stmt in statements:
+            if isinstance(stmt, ast.Import) or (
+                isinstance(stmt, ast.ImportFrom) and stmt.module != "__future__"
+            ):
+                found.append(stmt)
+            elif isinstance(stmt, (ast.If, ast.Try, ast.With)):
+                for field in ("body", "orelse", "finalbody"):
+                    walk(getattr(stmt, field, []))
+                for handler in getattr(stmt, "handlers", []):
+                    walk(handler.body)
+
+    walk(tree.body)
+    return tuple(found)
 
 
 def _find_code(code: types.CodeType, name: str) -> types.CodeType:

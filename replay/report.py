@@ -88,6 +88,13 @@ class ArmOutcome(msgspec.Struct, kw_only=True):
     completed: int
     queue_peak: int
     first_admission_passes: dict[str, int]  # rid -> passes from arrival to first admission
+    # Appended by closed_loop (defaults keep older reports readable):
+    passes: int = 0  # closed-loop passes this arm ran
+    stall_runs: list[Stall] = []  # the stalls counted above, in closed-loop pass numbers
+    errors: list[ArmError] = []  # the first exceptions (``exceptions`` counts them all)
+    retractions: int = 0  # requests retracted for decode KV
+    unfinished: int = 0  # requests still waiting, running or to arrive when the loop stopped
+    stuck_at: int | None = None  # pass after which the state could never change again
 
 
 class ClosedLoop(msgspec.Struct, kw_only=True):
@@ -111,6 +118,9 @@ class Report(msgspec.Struct, kw_only=True):
     stalls: dict[str, list[Stall]]  # arm name -> stalls (open-loop)
     errors: dict[str, list[ArmError]]  # arm name -> exceptions raised
     closed_loop: ClosedLoop | None = None
+    # Appended by the open-loop engine (defaults keep older reports readable):
+    aiter_events: int = 0  # aiter records replayed (also counted in fidelity.total)
+    warnings: list[str] = []  # version mismatch, torn tail: why the result may be partial
 
 
 _json_encoder = msgspec.json.Encoder(order="sorted")

@@ -150,10 +150,11 @@ def process_group_alive(pgid: int) -> bool:
         return True
     if not os.path.isdir("/proc"):
         return True
-    return any(not _is_zombie(pid) for pid in _pids_in_group(pgid))
+    return any(pid_alive(pid) for pid in group_members(pgid))
 
 
-def _pids_in_group(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is ``pgid`` (read from /proc; zombies included)."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -165,12 +166,13 @@ def _pids_in_group(pgid: int) -> list[int]:
     return pids
 
 
-def _is_zombie(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (per /proc)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
-        return True  # already gone
+        return False
 
 
 def _signal_pid(proc: subprocess.Popen, sig: signal.Signals) -> None:

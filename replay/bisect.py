@@ -1,0 +1,252 @@
+"""Stall bisect: where each stock stall begins, where the fixed logic first
+decides otherwise on the way there, and the smallest set of fixes that
+removes it.
+
+Stalls come from two places:
+
+* ``open-loop``: stock replayed on the recorded passes (``replay.engine``);
+  the onset is a recorded pass number;
+* ``closed-loop``: stock living with its own decisions from ``from_pass``
+  (``replay.closed_loop``); the onset is a closed-loop pass number.
+
+For each stall:
+
+* ``first_divergence``: the first pass, after the previous stall of the same
+  kind ended and no later than the onset, where stock and fixed decide
+  differently on the same state (open loop: the recorded passes; closed
+  loop: the passes stock went through);
+* ``fix_set``: the smallest set of fixes that removes the stall in
+  closed-loop replay. The 15 non-empty subsets of the four fixes are tried
+  smallest first, ties in name order; a subset removes the stall when its
+  closed loop, started where stock's was, has no stall overlapping the
+  passes stock stalled on. An open-loop stall is re-run in closed loop from
+  its onset; if stock does not stall there too the stall is marked
+  ``reproduced: false`` and no fix set is searched.
+
+Deterministic: the same trace and options give the same report bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import msgspec
+
+from replay.closed_loop import ArmRun, LoopInput, load_input, run_arm
+from replay.differ import divergence_kinds
+from replay.report import Decision, Stall
+from replay.stalls import DEFAULT_MIN_PASSES
+from tracer.errors import UsageError
+from tracer.format import TraceReader
+
+BISECT_VERSION: Final = 1
+OPEN_LOOP: Final = "open-loop"
+CLOSED_LOOP: Final = "closed-loop"
+STOCK: Final = "stock"
+FIXED: Final = "fixed"
+
+
+class FirstDivergence(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):
+    pass_: int
+    kinds: list[str]
+    stock: Decision
+    fixed: Decision
+
+
+class StallFinding(msgspec.Struct, kw_only=True):
+    mode: str  # "open-loop" | "closed-loop"
+    stall: Stall  # onset = stall.start_pass
+    first_divergence: FirstDivergence | None
+    reproduced: bool  # stock stalls in the closed loop the fix sets are tried in
+    fix_set: list[str] | None  # smallest set of fixes that removes it; None: none does / not searched
+    tried: list[str]  # subsets tried, in order (comma lists)
+
+
+class BisectReport(msgspec.Struct, kw_only=True):
+    version: int = BISECT_VERSION
+    trace: str
+    sglang_version: str
+    trace_sglang_version: str
+    stall_passes: int
+    from_pass: int  # closed-loop start
+    fixes: list[str]  # the fixes searched, in name order
+    open_loop: list[StallFinding]
+    closed_loop: list[StallFinding]
+
+    @property
+    def findings(self) -> list[StallFinding]:
+        return [*self.open_loop, *self.closed_loop]
+
+
+_json_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def dump_bisect(report: BisectReport) -> bytes:
+    """Deterministic JSON bytes (sorted keys, trailing newline)."""
+    return msgspec.json.format(_json_encoder.encode(report), indent=2) + b"\n"
+
+
+def fix_subsets(fixes: list[str]) -> list[tuple[str, ...]]:
+    """Every non-empty subset, smallest first, ties in name order."""
+    names = sorted(fixes)
+    return [combo for size in range(1, len(names) + 1) for combo in itertools.combinations(names, size)]
+
+
+# ------------------------------------------------------------------ search
+
+
+class _ClosedLoops:
+    """Closed-loop runs keyed by (start pass, variant, bound), each run once."""
+
+    def __init__(self, reader: TraceReader, driver, stall_passes: int, max_passes: int | None) -> None:
+        self.reader = reader
+        self.driver = driver
+        self.stall_passes = stall_passes
+        self.max_passes = max_passes
+        self._inputs: dict[int, LoopInput] = {}
+        self._runs: dict[tuple[int, str, int | None], ArmRun] = {}
+
+    def loop_input(self, from_pass: int) -> LoopInput:
+        if from_pass not in self._inputs:
+            self._inputs[from_pass] = load_input(self.reader, from_pass)
+        return self._inputs[from_pass]
+
+    def run(self, from_pass: int, variant: str, horizon: int | None = None) -> ArmRun:
+        bound = self.max_passes if horizon is None else min(horizon, self.max_passes or horizon)
+        key = (from_pass, variant, bound)
+        if key not in self._runs:
+            self._runs[key] = run_arm(
+                self.loop_input(from_pass), self.driver, variant, stall_passes=self.stall_passes, max_passes=bound
+            )
+        return self._runs[key]
+
+
+def smallest_fix_set(
+    loops: _ClosedLoops, from_pass: int, target: Stall, fixes: list[str]
+) -> tuple[list[str] | None, list[str]]:
+    """The first subset whose closed loop has no stall overlapping ``target``."""
+    # A stall overlapping the target starts by its end and is N passes long
+    # by then: a run need not go further than that.
+    horizon = target.end_pass - from_pass + loops.stall_passes + 1
+    tried: list[str] = []
+    for subset in fix_subsets(fixes):
+        variant = ",".join(subset)
+        tried.append(variant)
+        run = loops.run(from_pass, variant, horizon)
+        if run.stall_overlapping(target.start_pass, target.end_pass) is None:
+            return list(subset), tried
+    return None, tried
+
+
+def first_divergence(steps: Iterator[tuple[int, Decision, Callable[[], Decision]]]) -> FirstDivergence | None:
+    """The first (pass, stock decision, fixed decision) where the arms differ.
+
+    The fixed decision is a callable so that passes after the first divergence
+    are never decided.
+    """
+    for seq, old, fixed in steps:
+        new = fixed()
+        kinds = divergence_kinds(old, new)
+        if kinds:
+            return FirstDivergence(pass_=seq, kinds=kinds, stock=old, fixed=new)
+    return None
+
+
+def _windows(stalls: list[Stall]) -> list[tuple[int, Stall]]:
+    """(first pass after the previous stall, stall) for each stall."""
+    out, after = [], None
+    for stall in stalls:
+        out.append((after, stall))
+        after = stall.end_pass + 1
+    return out
+
+
+def _open_loop_findings(path, reader: TraceReader, loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
+    from replay.engine import replay_trace
+
+    report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes)
+    divergences = sorted(report.divergences, key=lambda d: d.pass_)
+    findings = []
+    for after, stall in _windows(report.stalls.get(STOCK, [])):
+        lo = after if after is not None else -1
+        first = next((d for d in divergences if lo <= d.pass_ <= stall.start_pass), None)
+        diverged = (
+            FirstDivergence(pass_=first.pass_, kinds=first.kinds, stock=first.old, fixed=first.new)
+            if first is not None
+            else None
+        )
+        # Long enough to see the stall again, and to see it go on as long as recorded.
+        horizon = stall.passes + 2 * loops.stall_passes + 1
+        target = loops.run(stall.start_pass, STOCK, horizon).stall_overlapping(stall.start_pass, stall.start_pass)
+        reproduced = target is not None
+        fix_set, tried = (None, [])
+        if target is not None:
+            fix_set, tried = smallest_fix_set(loops, stall.start_pass, target, fixes)
+        findings.append(
+            StallFinding(
+                mode=OPEN_LOOP, stall=stall, first_divergence=diverged,
+                reproduced=reproduced, fix_set=fix_set, tried=tried,
+            )
+        )
+    return findings
+
+
+def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str]) -> list[StallFinding]:
+    stock_run = loops.run(from_pass, STOCK)
+    findings = []
+    for after, stall in _windows(stock_run.stalls):
+        lo = from_pass if after is None else after
+        steps = (
+            (p.seq, d, lambda p=p: loops.driver.decide(p, FIXED))
+            for p, d in zip(stock_run.passes, stock_run.decisions)
+            if lo <= p.seq <= stall.start_pass
+        )
+        diverged = first_divergence(steps)
+        fix_set, tried = smallest_fix_set(loops, from_pass, stall, fixes)
+        findings.append(
+            StallFinding(
+                mode=CLOSED_LOOP, stall=stall, first_divergence=diverged,
+                reproduced=True, fix_set=fix_set, tried=tried,
+            )
+        )
+    return findings
+
+
+def run_bisect(
+    path: str | os.PathLike[str],
+    *,
+    stall_passes: int = DEFAULT_MIN_PASSES,
+    from_pass: int = 0,
+    max_passes: int | None = None,
+    modes: tuple[str, ...] = (OPEN_LOOP, CLOSED_LOOP),
+) -> BisectReport:
+    """Bisect every stock stall of the trace at ``path``."""
+    from replay.driver import PassDriver
+    from replay.engine import check_variants
+    from replay.fixes import FIX_NAMES
+    from replay.patching import sglang_version
+
+    if stall_passes < 1:
+        raise UsageError("--stall-passes must be at least 1")
+    if max_passes is not None and max_passes < 1:
+        raise UsageError("--max-passes must be at least 1")
+    fixes = sorted(FIX_NAMES)
+    check_variants(STOCK, FIXED)
+    with TraceReader(path) as reader:
+        loops = _ClosedLoops(reader, PassDriver(reader.header), stall_passes, max_passes)
+        open_findings = _open_loop_findings(path, reader, loops, fixes) if OPEN_LOOP in modes else []
+        closed_findings = _closed_loop_findings(loops, from_pass, fixes) if CLOSED_LOOP in modes else []
+        trace_version = reader.header.sglang_version
+    return BisectReport(
+        trace=str(path),
+        sglang_version=sglang_version(),
+        trace_sglang_version=trace_version,
+        stall_passes=stall_passes,
+        from_pass=from_pass,
+        fixes=fixes,
+        open_loop=open_findings,
+        closed_loop=closed_findings,
+    )

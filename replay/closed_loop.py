@@ -1,0 +1,417 @@
+"""Closed-loop (counterfactual) replay: what would have happened under each arm.
+
+Open-loop replay asks every arm about the *recorded* states. Here each arm
+starts from the recorded state at pass ``from_pass`` and lives with its own
+decisions: ``replay.loop_state`` moves the state one scheduling step at a
+time, ``replay.driver.PassDriver`` decides each step with the real sglang
+code. Requests arrive at their recorded times (``arrive`` events, mapped to
+steps with the recorded pass clock, idle and folded passes included) and
+finish at their recorded output lengths (``finish`` events).
+
+Closed-loop pass numbers continue from ``from_pass``: pass ``from_pass + k``
+is the k-th scheduling step after it. Everything is deterministic: the same
+trace and arms give the same result.
+"""
+
+from __future__ import annotations
+
+import bisect as _bisect
+import os
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+import msgspec
+
+from replay.capture import replay_inputs
+from replay.loop_state import LoopReq, LoopState, apply_decision, to_pass, with_outputs
+from replay.stalls import DEFAULT_MIN_PASSES, find_stalls
+from replay.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
+from tracer.errors import ReplayStateError, SchedtraceError, UsageError
+from tracer.format import TraceReader
+from tracer.schema import Arrival, Finish, Header, Pass
+
+DEFAULT_PASS_NS: Final = 1_000_000  # pass period when the trace has too few passes to tell
+MAX_ERRORS_LISTED: Final = 20  # per arm; ``exceptions`` still counts them all
+
+
+# ------------------------------------------------------------------- clock
+
+
+class PassClock:
+    """Recorded time <-> scheduler pass number, idle and folded passes included.
+
+    Built from (pass number, t_ns) points; times between points are linear,
+    times after the last point go on at the trace's mean pass period.
+    """
+
+    def __init__(self, points: list[tuple[int, int]]) -> None:
+        self.iterations: list[int] = []
+        self.times: list[int] = []
+        for iteration, t_ns in points:
+            if self.times:
+                t_ns = max(t_ns, self.times[-1])  # untrusted clocks never run backwards here
+            self.iterations.append(iteration)
+            self.times.append(t_ns)
+        span_it = self.iterations[-1] - self.iterations[0] if points else 0
+        span_ns = self.times[-1] - self.times[0] if points else 0
+        self.period_ns = span_ns // span_it if span_it > 0 and span_ns > 0 else DEFAULT_PASS_NS
+        self.period_ns = max(self.period_ns, 1)
+
+    def iteration_at(self, t_ns: int) -> int:
+        """The first pass that starts at or after ``t_ns``."""
+        if not self.times:
+            return 0
+        i = _bisect.bisect_right(self.times, t_ns) - 1
+        if i < 0:
+            return self.iterations[0]
+        if self.times[i] == t_ns:
+            return self.iterations[_bisect.bisect_left(self.times, t_ns)]
+        if i == len(self.times) - 1:
+            return self.iterations[i] + -(-(t_ns - self.times[i]) // self.period_ns)
+        d_it = self.iterations[i + 1] - self.iterations[i]
+        d_t = self.times[i + 1] - self.times[i]
+        return self.iterations[i] + -(-(t_ns - self.times[i]) * d_it // d_t)
+
+    def time_at(self, iteration: int) -> int:
+        if not self.times:
+            return iteration * self.period_ns
+        i = _bisect.bisect_right(self.iterations, iteration) - 1
+        if i < 0:
+            return self.times[0]
+        if i == len(self.iterations) - 1:
+            return self.times[i] + (iteration - self.iterations[i]) * self.period_ns
+        d_it = self.iterations[i + 1] - self.iterations[i]
+        d_t = self.times[i + 1] - self.times[i]
+        return self.times[i] + (iteration - self.iterations[i]) * d_t // d_it
+
+
+# ------------------------------------------------------------------- input
+
+
+@dataclass
+class LoopInput:
+    """Everything a closed loop needs from the trace, read once."""
+
+    header: Header
+    from_pass: int
+    start: Pass  # the recorded pass at from_pass
+    initial: LoopState
+    arrivals: list[tuple[int, LoopReq]]  # (step, request), in arrival order
+    clock: PassClock
+    start_iteration: int
+    recorded_passes: int
+
+    @property
+    def page_size(self) -> int:
+        return max(1, self.header.server_args.page_size)
+
+    @property
+    def radix_cache(self) -> bool:
+        return not self.header.server_args.disable_radix_cache
+
+
+def load_input(reader: TraceReader, from_pass: int = 0) -> LoopInput:
+    """Scan the trace once: pass clock, arrivals, recorded output lengths, the start state."""
+    count = reader.pass_count
+    if count == 0:
+        raise ReplayStateError(f"{reader.path}: the trace has no pass records to start a closed loop from")
+    if not 0 <= from_pass < count:
+        raise UsageError(f"--from {from_pass}: the trace has passes 0..{count - 1}")
+    points: list[tuple[int, int]] = []
+    arrivals: list[Arrival] = []
+    targets: dict[str, int] = {}
+    iteration = 0
+    start: Pass | None = None
+    start_iteration = 0
+    for _, record in reader.records():
+        if isinstance(record, Pass):
+            iteration += max(record.idle_before, 0)
+            if len(points) == from_pass:
+                start, start_iteration = record, iteration
+            points.append((iteration, record.t_ns))
+            iteration += max(record.repeat, 1)
+        elif isinstance(record, Arrival):
+            arrivals.append(record)
+        elif isinstance(record, Finish):
+            targets[record.rid] = record.output_len
+    if start is None:  # the index and the scan disagree only on a torn file
+        start = reader.pass_at(from_pass)
+        start_iteration = points[-1][0] if points else 0
+    clock = PassClock(points)
+    start = replay_inputs(start)
+    initial = initial_state(start, targets)
+    known = {r.rid for r in (*initial.waiting, *initial.running)}
+    if initial.chunked is not None:
+        known.add(initial.chunked.rid)
+    future: list[tuple[int, LoopReq]] = []
+    for event in arrivals:
+        if event.rid in known or event.t_ns <= start.t_ns:
+            continue  # already in the start state, or done with before it
+        known.add(event.rid)
+        step = max(1, clock.iteration_at(event.t_ns) - start_iteration)
+        future.append((step, _arrival_req(event, targets)))
+    future.sort(key=lambda item: item[0])  # stable: arrival order within a step
+    return LoopInput(
+        header=reader.header,
+        from_pass=from_pass,
+        start=start,
+        initial=initial,
+        arrivals=future,
+        clock=clock,
+        start_iteration=start_iteration,
+        recorded_passes=count,
+    )
+
+
+def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
+    """Output length at which the request finishes: recorded, else its limit."""
+    return max(1, targets.get(rid, max_new_tokens))
+
+
+def _arrival_req(event: Arrival, targets: dict[str, int]) -> LoopReq:
+    return LoopReq(
+        rid=event.rid,
+        input_len=event.input_len,
+        max_new_tokens=event.max_new_tokens,
+        target_output=_target(event.rid, event.max_new_tokens, targets),
+        priority=event.priority,
+        ignore_eos=event.ignore_eos,
+    )
+
+
+def initial_state(p: Pass, targets: dict[str, int]) -> LoopState:
+    """The loop state at a recorded pass's entry."""
+    waiting = [
+        LoopReq(
+            rid=w.rid,
+            input_len=w.input_len,
+            max_new_tokens=w.max_new_tokens,
+            target_output=_target(w.rid, w.max_new_tokens, targets),
+            output_len=w.output_len,
+            prefix_len=w.prefix_len,
+            priority=w.priority,
+            ignore_eos=w.ignore_eos,
+        )
+        for w in p.waiting
+    ]
+    running = []
+    for r in p.running:
+        # KV holds the prompt and every output but the newest (decoded next pass).
+        tokens = r.input_len + max(r.output_len - 1, 0)
+        running.append(
+            LoopReq(
+                rid=r.rid,
+                input_len=r.input_len,
+                max_new_tokens=r.max_new_tokens,
+                target_output=_target(r.rid, r.max_new_tokens, targets),
+                output_len=r.output_len,
+                kv_tokens=tokens,
+                kv_held=tokens,
+                ignore_eos=r.ignore_eos,
+            )
+        )
+    chunked = None
+    if p.chunked is not None:
+        c = p.chunked
+        chunked = LoopReq(
+            rid=c.rid,
+            input_len=c.input_len,
+            max_new_tokens=c.max_new_tokens,
+            target_output=_target(c.rid, c.max_new_tokens, targets),
+            output_len=c.output_len,
+            prefix_len=c.prefix_len,
+            kv_tokens=c.prefix_len,
+            kv_held=c.prefix_len,
+            ignore_eos=c.ignore_eos,
+        )
+    return LoopState(
+        waiting=waiting,
+        running=running,
+        chunked=chunked,
+        batch_is_full=p.batch_is_full_in,
+        free=p.kv.available,
+        evictable=p.kv.evictable,
+        req_slots_free=p.req_slots_free,
+    )
+
+
+def default_max_passes(loop: LoopInput, stall_passes: int) -> int:
+    """A bound no healthy arm reaches: the arrivals' span plus every request's
+    remaining work done one step at a time."""
+    reqs = [*loop.initial.waiting, *loop.initial.running, *(r for _, r in loop.arrivals)]
+    if loop.initial.chunked is not None:
+        reqs.append(loop.initial.chunked)
+    chunk = loop.start.chunked_prefill_size or loop.header.server_args.chunked_prefill_size or 0
+    work = 0
+    for r in reqs:
+        work += max(r.target_output - r.output_len, 0) + 1
+        if chunk > 0:
+            work += -(-r.fill_len // chunk)
+    last_arrival = loop.arrivals[-1][0] if loop.arrivals else 0
+    return last_arrival + work + 4 * stall_passes + 64
+
+
+# --------------------------------------------------------------- one arm
+
+
+@dataclass
+class ArmRun:
+    """One arm's closed loop, step by step (``passes`` carry the decisions' outputs)."""
+
+    arm: str
+    passes: list[Pass] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+    outcome: ArmOutcome | None = None
+
+    def stall_overlapping(self, first: int, last: int) -> Stall | None:
+        return next((s for s in self.stalls if s.start_pass <= last and s.end_pass >= first), None)
+
+
+def run_arm(
+    loop: LoopInput,
+    driver,
+    arm: str,
+    *,
+    stall_passes: int,
+    max_passes: int | None = None,
+) -> ArmRun:
+    """Evolve ``loop.initial`` under ``arm``'s own decisions until done or ``max_passes``."""
+    limit = default_max_passes(loop, stall_passes) if max_passes is None else max_passes
+    run = ArmRun(arm)
+    state = loop.initial.copy()
+    pending = list(loop.arrivals)
+    next_arrival = 0
+    arrived: dict[str, int] = {r.rid: 0 for r in loop.initial.waiting}  # rid -> step it arrived
+    first_admitted: dict[str, int] = {}
+    over_asks = exceptions = completed = queue_peak = retractions = 0
+    errors: list[ArmError] = []
+    effective: list[Decision] = []  # what each pass really admitted (stall detection)
+    stuck_at: int | None = None
+    same_for = 0
+    start = loop.start
+    for step in range(limit):
+        while next_arrival < len(pending) and pending[next_arrival][0] <= step:
+            req = pending[next_arrival][1]
+            state.waiting.append(replace(req))
+            arrived[req.rid] = step
+            next_arrival += 1
+        if state.is_idle and not state.running and next_arrival == len(pending):
+            break  # every request finished and nothing more arrives
+        queue_peak = max(queue_peak, len(state.waiting))
+        seq = loop.from_pass + step
+        p = to_pass(
+            state,
+            seq=seq,
+            t_ns=loop.clock.time_at(loop.start_iteration + step),
+            new_token_ratio=start.new_token_ratio,
+            chunked_prefill_size=start.chunked_prefill_size,
+        )
+        decision = _decide(driver, p, arm, state)
+        run.passes.append(with_outputs(p, decision, state))
+        run.decisions.append(decision)
+        if decision.error is not None:
+            exceptions += 1
+            if len(errors) < MAX_ERRORS_LISTED:
+                errors.append(ArmError(pass_=seq, error=decision.error))
+        before = state.signature()
+        state, result = apply_decision(
+            state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache
+        )
+        # A pass that failed admitted nothing, whatever the adder had picked.
+        effective.append(msgspec.structs.replace(decision, admitted=[]) if result.failed else decision)
+        if decision.over_ask > 0 or result.kv_shortfall > 0:
+            over_asks += 1
+        completed += len(result.finished)
+        for rid in result.admitted:
+            first_admitted.setdefault(rid, step)
+        retractions += len(result.retracted)
+        # A state that does not change with no arrival to come never will:
+        # stop once that has lasted longer than a stall.
+        same_for = same_for + 1 if state.signature() == before and next_arrival == len(pending) else 0
+        if same_for > stall_passes:
+            stuck_at = seq
+            break
+    run.stalls = find_stalls(run.passes, effective, stall_passes)
+    left = len(state.waiting) + len(state.running) + (state.chunked is not None) + (len(pending) - next_arrival)
+    run.outcome = ArmOutcome(
+        stalls=len(run.stalls),
+        stalled_passes=sum(s.passes for s in run.stalls),
+        over_asks=over_asks,
+        exceptions=exceptions,
+        completed=completed,
+        queue_peak=queue_peak,
+        first_admission_passes={
+            rid: step - arrived[rid] for rid, step in sorted(first_admitted.items()) if rid in arrived
+        },
+        passes=len(run.passes),
+        stall_runs=run.stalls,
+        errors=errors,
+        retractions=retractions,
+        unfinished=left,
+        stuck_at=stuck_at,
+    )
+    return run
+
+
+def _decide(driver, p: Pass, arm: str, state: LoopState) -> Decision:
+    if state.is_idle:
+        # sglang's pass returns before touching anything when nothing can be admitted.
+        return Decision(admitted=[], batch_is_full=state.batch_is_full)
+    try:
+        return driver.decide(p, arm)
+    except SchedtraceError:
+        raise
+    except Exception as exc:  # an arm that raises keeps going: this pass admits nothing
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return Decision(admitted=[], batch_is_full=state.batch_is_full, error=f"{type(exc).__name__}: {text}".rstrip(": "))
+
+
+# ------------------------------------------------------------------ entry
+
+
+def run_closed_loop(
+    path_or_reader: str | os.PathLike[str] | TraceReader,
+    arms: list[str],
+    from_pass: int = 0,
+    stall_passes: int | None = None,
+    max_passes: int | None = None,
+) -> ClosedLoop:
+    """Each arm's closed-loop outcome from recorded pass ``from_pass`` on."""
+    runs = run_arms(path_or_reader, arms, from_pass=from_pass, stall_passes=stall_passes, max_passes=max_passes)
+    return ClosedLoop(
+        from_pass=from_pass,
+        passes=max((len(r.passes) for r in runs.values()), default=0),
+        arms={arm: run.outcome for arm, run in runs.items()},
+    )
+
+
+def run_arms(
+    path_or_reader: str | os.PathLike[str] | TraceReader,
+    arms: list[str],
+    *,
+    from_pass: int = 0,
+    stall_passes: int | None = None,
+    max_passes: int | None = None,
+    driver=None,
+    loop: LoopInput | None = None,
+) -> dict[str, ArmRun]:
+    """``run_arm`` for every arm, sharing one trace scan and one driver."""
+    from replay.driver import PassDriver
+
+    if not arms:
+        raise UsageError("closed loop needs at least one arm")
+    n = DEFAULT_MIN_PASSES if stall_passes is None else stall_passes
+    if n < 1:
+        raise UsageError(f"stall passes must be at least 1, got {n}")
+    if loop is None:
+        loop = _with_reader(path_or_reader, lambda reader: load_input(reader, from_pass))
+    driver = driver if driver is not None else PassDriver(loop.header)
+    return {arm: run_arm(loop, driver, arm, stall_passes=n, max_passes=max_passes) for arm in dict.fromkeys(arms)}
+
+
+def _with_reader(path_or_reader, use):
+    if isinstance(path_or_reader, TraceReader):
+        return use(path_or_reader)
+    with TraceReader(path_or_reader) as reader:
+        return use(reader)

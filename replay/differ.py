@@ -1,0 +1,42 @@
+"""Pure comparisons of decisions: arm vs arm (divergence) and recording vs replay (fidelity)."""
+
+from __future__ import annotations
+
+from replay.report import DIVERGENCE_KINDS, Decision
+
+# Decision fields a recorded pass holds, in report order.
+FIDELITY_FIELDS = ("admitted", "chunk_budget", "chunk_size", "new_chunked_rid", "batch_is_full", "error")
+
+
+def _error_type(error: str | None) -> str | None:
+    return None if error is None else error.partition(":")[0]
+
+
+def divergence_kinds(old: Decision, new: Decision) -> list[str]:
+    """How two arms' decisions on one pass differ, in ``DIVERGENCE_KINDS`` order."""
+    differs = {
+        "admitted": old.admitted != new.admitted,
+        "chunk": old.chunk_size != new.chunk_size,
+        "batch_is_full": old.batch_is_full != new.batch_is_full,
+        "new_chunked": old.new_chunked_rid != new.new_chunked_rid,
+        "aiter": old.aiter_method != new.aiter_method,
+        "over_ask": (old.over_ask > 0) != (new.over_ask > 0),
+        "error": _error_type(old.error) != _error_type(new.error),
+    }
+    return [kind for kind in DIVERGENCE_KINDS if differs[kind]]
+
+
+def fidelity_fields(recorded: Decision, replayed: Decision) -> list[str]:
+    """Fields where the replay disagrees with the recording (errors compare by type)."""
+    out = []
+    for name in FIDELITY_FIELDS:
+        a, b = getattr(recorded, name), getattr(replayed, name)
+        if name == "error":
+            a, b = _error_type(a), _error_type(b)
+        if a != b:
+            out.append(name)
+    return out
+
+
+def aiter_fidelity_fields(recorded_method: str, replayed: Decision) -> list[str]:
+    return [] if recorded_method == replayed.aiter_method else ["aiter_method"]

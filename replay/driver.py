@@ -1,0 +1,344 @@
+"""Re-drive sglang's own scheduling code on one recorded pass.
+
+Stable API (closed-loop replay and bisect build on it)::
+
+    driver = PassDriver(header)                  # once per trace
+    decision = driver.decide(pass_, "stock")     # -> replay.report.Decision
+    method = driver.decide_aiter(aiter, "fixed") # -> AttnForwardMethod name
+
+``decide`` reads only the *input* fields of the pass (``waiting``,
+``running``, ``chunked``, ``batch_is_full_in``, ``kv``, ``req_slots_free``,
+``new_token_ratio``, ``chunked_prefill_size``) and returns what the real
+``Scheduler._get_new_batch_prefill_raw`` decides under ``variant`` (a name
+``replay.variants.applied`` accepts: ``stock``, ``fixed``, one fix or a
+comma list). It is deterministic: no wall clock, no randomness, no state
+carried from one call to the next. Exceptions the real code raises become
+``Decision.error``; a record that cannot be turned into sglang state raises
+``ReplayStateError``.
+
+How: the real ``Scheduler`` method runs on ``Scheduler.__new__(Scheduler)``
+with the attributes it reads set from the header and the pass (see
+``replay.state`` for the three recorded stand-ins). The pass is stopped right
+after admission: ``ScheduleBatch.init_new`` is swapped, for the duration of
+the call only, for one that raises with the admitted list, so no batch is
+built and nothing is allocated. What ``alloc_extend`` would have been asked
+for is computed from that list to find over-asks.
+
+Not thread-safe: the variant patches and the stop hook touch process-global
+functions, so calls are serialised by a module lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from replay.report import Decision
+from replay.state import (
+    RecordedAllocator,
+    RecordedReqSlots,
+    RecordedTreeCache,
+    TokenSource,
+    chunked_req,
+    running_req,
+    waiting_req,
+)
+from tracer.errors import ReplayStateError
+from tracer.schema import Aiter, Header, Pass
+
+_LOCK = threading.RLock()
+
+
+class _AdmissionDone(Exception):
+    """Raised in place of building the batch: admission is over."""
+
+    def __init__(self, reqs: list) -> None:
+        self.reqs = reqs
+
+
+def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
+    raise _AdmissionDone(list(reqs))
+
+
+def error_text(exc: BaseException) -> str:
+    """``"Type: message"`` exactly as the recorder writes ``Pass.error``."""
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _variant_context(variant: str):
+    """``replay.variants.applied(variant)``; ``stock`` needs no patch module."""
+    try:
+        from replay.variants import applied
+    except ImportError:
+        if variant != "stock":
+            raise ReplayStateError(f"variant {variant!r} needs replay.variants, which is not installed") from None
+        return contextlib.nullcontext()
+    return applied(variant)
+
+
+class _PublishedConfig:
+    """The sglang runtime config this trace's server ran with, swapped in per call.
+
+    ``override_server_args`` builds and publishes a dummy ``ServerArgs``; that
+    costs milliseconds, so it is built once and later calls only swap the
+    context's slots (a few attribute stores) in and out.
+    """
+
+    _SLOTS = ("_server_args", "_config_bags", "_overrides_log", "_publish_role")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        from sglang.srt.runtime_context import get_context
+
+        self._context = get_context()
+        with self._context.override_server_args(**fields):
+            self._saved = self._capture()
+
+    def _capture(self) -> tuple:
+        ctx = self._context
+        return tuple(getattr(ctx, s) for s in self._SLOTS) + (ctx.parallel._config,)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        ctx = self._context
+        previous = self._capture()
+        for slot, value in zip(self._SLOTS, self._saved):
+            setattr(ctx, slot, value)
+        ctx.parallel._config = self._saved[-1]
+        try:
+            yield
+        finally:
+            for slot, value in zip(self._SLOTS, previous):
+                setattr(ctx, slot, value)
+            ctx.parallel._config = previous[-1]
+
+
+class PassDriver:
+    """Runs the real scheduler pass for recorded inputs under a logic variant."""
+
+    def __init__(self, header: Header) -> None:
+        from sglang.srt.managers import scheduler as scheduler_module
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
+
+        args = header.server_args
+        if header.is_hybrid_swa or header.is_hybrid_mamba:
+            raise ReplayStateError(
+                "hybrid SWA/Mamba pools are not replayable yet: the trace records only the full pool's state"
+            )
+        self.header = header
+        self.page_size = max(1, args.page_size)
+        self._scheduler_module = scheduler_module
+        self._ScheduleBatch = ScheduleBatch
+        self._PrefillAdder = PrefillAdder
+        slots = header.max_req_slots or (args.max_running_requests or 0) + 1
+        # The real Scheduler sets this default from its effective max_running_requests (pp_size 1).
+        max_running = args.max_running_requests or slots
+        self._config = _PublishedConfig(
+            {
+                "pp_max_micro_batch_size": max(max_running, 1),
+                "schedule_policy": args.schedule_policy,
+                "page_size": self.page_size,
+                "enable_priority_scheduling": args.enable_priority_scheduling,
+                "disable_radix_cache": args.disable_radix_cache,
+            }
+        )
+        self.allocator = RecordedAllocator(args.max_total_tokens or 0, self.page_size)
+        self.req_slots = RecordedReqSlots(slots)
+        self.tree_cache = RecordedTreeCache(
+            disable=args.disable_radix_cache,
+            page_size=self.page_size,
+            allocator=self.allocator,
+            req_slots=self.req_slots,
+        )
+        with self._config.installed():
+            self.policy = SchedulePolicy(
+                args.schedule_policy,
+                self.tree_cache,
+                enable_hierarchical_cache=False,
+                enable_priority_scheduling=args.enable_priority_scheduling,
+                schedule_low_priority_values_first=False,
+            )
+        self.scheduler = self._new_scheduler()
+
+    # ------------------------------------------------------------------ setup
+
+    def _new_scheduler(self):
+        """``Scheduler.__new__`` with exactly the attributes the pass reads."""
+        from types import SimpleNamespace
+
+        from sglang.srt.managers.scheduler import Scheduler
+
+        args = self.header.server_args
+        s = Scheduler.__new__(Scheduler)
+        s.grammar_manager = SimpleNamespace(has_waiting_grammars=lambda: False)
+        s.enable_priority_preemption = False
+        s.is_hybrid_swa = False
+        s.min_free_slots_delayer = None
+        s.processed_tokens_counter = 0
+        s.dynamic_chunk_sizer = None
+        s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=None, prefill_aware_swa=False))
+        s.page_size = self.page_size
+        s.tree_cache = self.tree_cache
+        s.token_to_kv_pool_allocator = self.allocator
+        s.req_to_token_pool = self.req_slots
+        s.max_prefill_tokens = args.max_prefill_tokens
+        s.is_mixed_chunk = args.enable_mixed_chunk
+        s.priority_scheduling_preemption_threshold = 0
+        s.max_prefill_bs = 0
+        s.max_running_requests = args.max_running_requests
+        s.dllm_config = None
+        s.enable_lora = False
+        s.enable_hicache_storage = False
+        s.enable_lmcache = False
+        s.truncation_align_size = None
+        s.policy = self.policy
+        # Read as call arguments of the swapped ScheduleBatch.init_new, never used.
+        s.model_config = None
+        s.enable_overlap = False
+        s.spec_algorithm = None
+        s.beam_coordinator = SimpleNamespace(pending_member_rows=lambda batch: 0)
+        s.get_prefill_adder_class = lambda: self._make_adder
+        return s
+
+    def _make_adder(self, *args: Any, **kwargs: Any):
+        adder = self._PrefillAdder(*args, **kwargs)
+        self._adder = adder
+        budget = adder.memory_budget
+        # Capture the continuing chunk's budget (the recorder's ChunkOutcome.budget).
+        real = budget.available_chunk_tokens
+
+        def available_chunk_tokens(chunk_limit):
+            result = real(chunk_limit)
+            self._chunk_budget = result
+            return result
+
+        budget.available_chunk_tokens = available_chunk_tokens
+        return adder
+
+    def _load(self, p: Pass) -> tuple[list, Any, Any]:
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        tokens = TokenSource()
+        waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
+        running = [running_req(tokens, r) for r in p.running]
+        chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
+        batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
+        self.allocator.available = p.kv.available
+        self.req_slots.free = p.req_slots_free
+        self.tree_cache.load(p.kv.evictable, {w.rid: w.prefix_len for w in p.waiting})
+        return waiting, batch, chunked
+
+    # --------------------------------------------------------------- decide
+
+    def decide(self, p: Pass, variant: str) -> Decision:
+        """The decision the real code makes on ``p``'s inputs under ``variant``."""
+        with _LOCK:
+            waiting, batch, chunked = self._load(p)
+            s = self.scheduler
+            s.waiting_queue = waiting
+            s.chunked_req = chunked
+            s.chunked_prefill_size = p.chunked_prefill_size
+            s.new_token_ratio_tracker = _Ratio(p.new_token_ratio)
+            self._adder = None
+            self._chunk_budget = None
+            admitted_reqs: list | None = None
+            error: str | None = None
+            ScheduleBatch = self._ScheduleBatch
+            original_init_new = ScheduleBatch.__dict__["init_new"]
+            with self._config.installed(), _variant_context(variant):
+                ScheduleBatch.init_new = classmethod(_stop_init_new)
+                try:
+                    s._get_new_batch_prefill_raw(None, batch)
+                    admitted_reqs = []  # returned before building a batch: nothing admitted
+                except _AdmissionDone as done:
+                    admitted_reqs = done.reqs
+                except Exception as exc:  # the real code raised: that is the arm's outcome
+                    error = error_text(exc)
+                finally:
+                    ScheduleBatch.init_new = original_init_new
+            return self._decision(batch, chunked, admitted_reqs, error)
+
+    def _decision(self, batch, chunked, admitted_reqs, error) -> Decision:
+        adder = self._adder
+        if admitted_reqs is None:  # raised: report what admission had reached
+            admitted_reqs = list(adder.can_run_list) if adder is not None else []
+        admitted = [(r.rid, int(r.extend_len)) for r in admitted_reqs]
+        chunk_size = None
+        if chunked is not None:
+            chunk_size = next((n for rid, n in admitted if rid == chunked.rid), None)
+        # As the recorder sees it: the scheduler's chunked request after the
+        # pass, when it is not the one the pass started with.
+        new_chunked = self.scheduler.chunked_req
+        if new_chunked is chunked:
+            new_chunked = None
+        return Decision(
+            admitted=admitted,
+            chunk_budget=self._chunk_budget if chunked is not None else None,
+            chunk_size=chunk_size,
+            new_chunked_rid=new_chunked.rid if new_chunked is not None else None,
+            # A pass that raised returns no batch: the recorder writes False.
+            batch_is_full=bool(batch.batch_is_full) if error is None else False,
+            over_ask=self._over_ask(admitted_reqs),
+            error=error,
+        )
+
+    def _over_ask(self, admitted_reqs: list) -> int:
+        """Tokens ``alloc_extend`` would be asked for beyond free + evictable."""
+        if not admitted_reqs:
+            return 0
+        extend = sum(r.extend_len for r in admitted_reqs)
+        # Paged allocation evicts for one spare page per request (alloc_paged_token_slots_extend).
+        requested = extend if self.page_size == 1 else extend + len(admitted_reqs) * self.page_size
+        # Admission pinned the admitted prefixes, so the evictable count is what is left now.
+        capacity = self.allocator.available + self.tree_cache.evictable
+        return max(0, requested - capacity)
+
+    # ---------------------------------------------------------------- aiter
+
+    def decide_aiter(self, event: Aiter, variant: str) -> str:
+        """The ``AttnForwardMethod`` name ``handle_attention_aiter`` picks for ``event``."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import context as bcg
+        from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+            context_manager as pcg,
+        )
+        from sglang.srt.models.deepseek_common import attention_backend_handler as handler
+
+        try:
+            mode = ForwardMode[event.forward_mode]
+        except KeyError:
+            raise ReplayStateError(f"aiter event: unknown forward mode {event.forward_mode!r}") from None
+        batch = _AiterBatch(mode, event.seq_lens_sum, event.max_chunk_capacity)
+        with _LOCK, self._config.installed(), _variant_context(variant):
+            saved = (pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph)
+            pcg._in_tc_piecewise_cuda_graph = event.in_piecewise_graph
+            bcg._in_breakable_cuda_graph = event.in_breakable_graph
+            try:
+                method = handler.handle_attention_aiter(None, batch)
+            finally:
+                pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph = saved
+        return method.name
+
+
+class _Ratio:
+    """``Scheduler.new_token_ratio_tracker``: only ``current`` is read."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, current: float) -> None:
+        self.current = current
+
+
+class _AiterBatch:
+    """The three things ``handle_attention_aiter`` reads from a ForwardBatch."""
+
+    def __init__(self, mode, seq_lens_sum: int, max_chunk_capacity: int) -> None:
+        self.forward_mode = mode
+        self.seq_lens_cpu = [seq_lens_sum]
+        self.extend_prefix_lens_cpu = None
+        self._capacity = max_chunk_capacity
+
+    def get_max_chunk_capacity(self) -> int:
+        return self._capacity

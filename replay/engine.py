@@ -1,0 +1,300 @@
+"""Open-loop replay of a whole trace: every recorded pass under two arms.
+
+For each pass record, in file order: the old and the new arm decide on the
+recorded inputs (``PassDriver.decide``); when the old arm is ``stock`` its
+decision is checked against the recording (fidelity); when the arms differ,
+the divergence is tagged with every fix that, applied alone, reproduces the
+new arm's decision. Aiter events are replayed the same way. An arm that
+raises is that arm's outcome for the pass and replay goes on.
+
+Input problems: unknown record types are skipped and counted; a torn tail
+ends the replay at the last whole record (``truncated_at``); a corrupt record
+raises ``TraceFormatError`` naming its offset; a trace from another sglang
+version replays with a warning, and fails only where a fix cannot apply.
+
+``jobs > 1`` splits the pass records into contiguous ranges replayed in
+worker processes; their results are merged in file order, so the report is
+byte-identical to a single-process run.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from replay.capture import recorded_decision, replay_inputs
+from replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields
+from replay.driver import PassDriver
+from replay.patching import sglang_version
+from replay.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
+from replay.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
+from tracer.errors import ReplayStateError, UsageError
+from tracer.format import TraceReader
+from tracer.schema import Aiter, Pass
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]  # (pass records done, total)
+DivergenceCallback = Callable[[Divergence], None]
+
+# Below this many pass records a worker pool costs more than it saves.
+MIN_PASSES_PER_JOB = 2000
+
+
+class _StallRow(msgspec.Struct, array_like=True):
+    """What stall detection needs of one pass, per arm (small, crosses processes)."""
+
+    seq: int
+    repeat: int
+    idle_before: int
+    head_rid: str | None
+    stalled_old: bool
+    stalled_new: bool
+
+
+class _Chunk(msgspec.Struct):
+    """The result of replaying one range of the trace."""
+
+    passes: int = 0
+    aiter_events: int = 0
+    matched: int = 0
+    total: int = 0
+    mismatches: list[Mismatch] = []
+    divergences: list[Divergence] = []
+    errors_old: list[ArmError] = []
+    errors_new: list[ArmError] = []
+    stall_rows: list[_StallRow] = []
+
+
+def check_variants(*variants: str) -> None:
+    """Parse each variant and prepare its fixes now: a bad name or a fix that
+    cannot apply to the installed sglang fails before any pass is replayed."""
+    from replay.variants import parse_variant, prepared
+
+    for variant in variants:
+        for fix in sorted(parse_variant(variant)):
+            prepared(fix)
+
+
+def _fix_names() -> tuple[str, ...]:
+    from replay.fixes import FIX_NAMES
+
+    return FIX_NAMES
+
+
+@dataclass
+class _Replayer:
+    """Replays records of one trace under two arms into a ``_Chunk``."""
+
+    driver: PassDriver
+    old: str
+    new: str
+    on_divergence: DivergenceCallback | None = None
+    chunk: _Chunk = field(default_factory=_Chunk)
+
+    def _decide(self, p: Pass, variant: str) -> Decision:
+        try:
+            return self.driver.decide(p, variant)
+        except ReplayStateError as exc:  # this record cannot become sglang state
+            return Decision(admitted=[], error=f"ReplayStateError: {exc}")
+
+    def _divergence(self, pass_: int, t_ns: int, kinds: list[str], old: Decision, new: Decision, fixes: list[str]) -> None:
+        divergence = Divergence(pass_=pass_, t_ns=t_ns, kinds=kinds, fixes=fixes, old=old, new=new)
+        self.chunk.divergences.append(divergence)
+        if self.on_divergence is not None:
+            self.on_divergence(divergence)
+
+    def on_pass(self, record: Pass) -> None:
+        chunk = self.chunk
+        chunk.passes += 1
+        p = replay_inputs(record)
+        old = self._decide(p, self.old)
+        new = self._decide(p, self.new)
+        if self.old == "stock":
+            recorded = recorded_decision(record)
+            fields = fidelity_fields(recorded, old)
+            chunk.total += 1
+            if fields:
+                chunk.mismatches.append(Mismatch(pass_=record.seq, fields=fields, recorded=recorded, replayed=old))
+            else:
+                chunk.matched += 1
+        if old.error is not None:
+            chunk.errors_old.append(ArmError(pass_=record.seq, error=old.error))
+        if new.error is not None:
+            chunk.errors_new.append(ArmError(pass_=record.seq, error=new.error))
+        kinds = divergence_kinds(old, new)
+        if kinds:
+            fixes = [fix for fix in _fix_names() if not divergence_kinds(self._decide(p, fix), new)]
+            self._divergence(record.seq, record.t_ns, kinds, old, new, fixes)
+        head = p.waiting[0].rid if p.waiting else None
+        chunk.stall_rows.append(
+            _StallRow(record.seq, record.repeat, record.idle_before, head, is_stalled(p, old), is_stalled(p, new))
+        )
+
+    def _aiter(self, event: Aiter, variant: str) -> Decision:
+        try:
+            return Decision(admitted=[], aiter_method=self.driver.decide_aiter(event, variant))
+        except ReplayStateError as exc:
+            return Decision(admitted=[], error=f"ReplayStateError: {exc}")
+        except Exception as exc:  # the real handler raised: that arm's outcome
+            return Decision(admitted=[], error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def on_aiter(self, event: Aiter) -> None:
+        chunk = self.chunk
+        chunk.aiter_events += 1
+        old = self._aiter(event, self.old)
+        new = self._aiter(event, self.new)
+        if self.old == "stock":
+            chunk.total += 1
+            fields = aiter_fidelity_fields(event.method, old)
+            if fields:
+                recorded = Decision(admitted=[], aiter_method=event.method)
+                chunk.mismatches.append(Mismatch(pass_=event.pass_seq, fields=fields, recorded=recorded, replayed=old))
+            else:
+                chunk.matched += 1
+        for arm_errors, decision in ((chunk.errors_old, old), (chunk.errors_new, new)):
+            if decision.error is not None:
+                arm_errors.append(ArmError(pass_=event.pass_seq, error=decision.error))
+        kinds = divergence_kinds(old, new)
+        if kinds:
+            fixes = [fix for fix in _fix_names() if not divergence_kinds(self._aiter(event, fix), new)]
+            self._divergence(event.pass_seq, event.t_ns, kinds, old, new, fixes)
+
+
+def _replay_range(reader: TraceReader, replayer: _Replayer, start: int, stop: int | None, on_pass: Callable[[], None] | None = None) -> None:
+    """Replay the records from byte offset ``start`` up to (not including) ``stop``."""
+    for offset, record in reader.records(start):
+        if stop is not None and offset >= stop:
+            break
+        if type(record) is Pass:
+            replayer.on_pass(record)
+            if on_pass is not None:
+                on_pass()
+        elif type(record) is Aiter:
+            replayer.on_aiter(record)
+
+
+def _worker(args: tuple[str, str, str, int, int | None]) -> bytes:
+    """One range in a worker process; msgpack out (no pickled objects)."""
+    path, old, new, start, stop = args
+    with TraceReader(path) as reader:
+        replayer = _Replayer(PassDriver(reader.header), old, new)
+        _replay_range(reader, replayer, start, stop)
+    return msgspec.msgpack.encode(replayer.chunk)
+
+
+def _ranges(offsets, data_start: int, jobs: int) -> list[tuple[int, int | None]]:
+    n = len(offsets)
+    bounds = [n * k // jobs for k in range(jobs + 1)]
+    starts = [data_start] + [offsets[b] for b in bounds[1:-1]]
+    stops: list[int | None] = [offsets[b] for b in bounds[1:-1]] + [None]
+    return list(zip(starts, stops))
+
+
+def _merge(chunks: list[_Chunk]) -> _Chunk:
+    out = _Chunk(mismatches=[], divergences=[], errors_old=[], errors_new=[], stall_rows=[])
+    for c in chunks:
+        out.passes += c.passes
+        out.aiter_events += c.aiter_events
+        out.matched += c.matched
+        out.total += c.total
+        out.mismatches += c.mismatches
+        out.divergences += c.divergences
+        out.errors_old += c.errors_old
+        out.errors_new += c.errors_new
+        out.stall_rows += c.stall_rows
+    return out
+
+
+def replay_trace(
+    path: str | os.PathLike[str],
+    old: str = "stock",
+    new: str = "fixed",
+    *,
+    stall_passes: int = DEFAULT_MIN_PASSES,
+    jobs: int = 1,
+    on_progress: ProgressCallback | None = None,
+    on_divergence: DivergenceCallback | None = None,
+) -> Report:
+    """Replay every pass of the trace at ``path`` under ``old`` and ``new``."""
+    if stall_passes < 1:
+        raise UsageError("--stall-passes must be at least 1")
+    if jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    check_variants(old, new)
+    warnings: list[str] = []
+    with TraceReader(path) as reader:
+        header = reader.header
+        installed = sglang_version()
+        if header.sglang_version != installed:
+            message = f"trace recorded with sglang {header.sglang_version}, replaying with {installed}"
+            warnings.append(message)
+            logger.warning("%s: %s", path, message)
+        total = reader.pass_count  # one scan of an unclosed file; finds a torn tail
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            if on_progress is not None and (done % 64 == 0 or done == total):
+                on_progress(done, total)
+
+        if on_progress is not None:
+            on_progress(0, total)
+        if jobs > 1 and total >= 2 * MIN_PASSES_PER_JOB:
+            jobs = min(jobs, total // MIN_PASSES_PER_JOB)
+            ranges = _ranges(reader.pass_offsets, 0, jobs)
+            work = [(str(path), old, new, start, stop) for start, stop in ranges]
+            context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+            with context.Pool(jobs) as pool:
+                encoded = pool.map(_worker, work)
+            chunks = [msgspec.msgpack.decode(data, type=_Chunk) for data in encoded]
+            for chunk in chunks:
+                for divergence in chunk.divergences:
+                    if on_divergence is not None:
+                        on_divergence(divergence)
+            result = _merge(chunks)
+            # Unknown records and the torn tail, as a single-process run sees them.
+            for _ in reader.records(0):
+                pass
+            if on_progress is not None:
+                on_progress(total, total)
+        else:
+            replayer = _Replayer(PassDriver(header), old, new, on_divergence)
+            _replay_range(reader, replayer, 0, None, tick)
+            result = replayer.chunk
+            if on_progress is not None:
+                on_progress(done, total)
+        truncated_at = reader.truncated_at
+        unknown = dict(sorted(reader.unknown_records.items()))
+        if truncated_at is not None:
+            warnings.append(f"trace ends in a torn record at offset {truncated_at}; replayed the {result.passes} passes before it")
+
+    stalls = {}
+    for arm, attr in ((old, "stalled_old"), (new, "stalled_new")):
+        scanner = StallScanner(stall_passes)
+        for row in result.stall_rows:
+            scanner.feed(row.seq, row.repeat, row.idle_before, getattr(row, attr), row.head_rid)
+        stalls[arm] = scanner.finish()
+    errors = {old: result.errors_old, new: result.errors_new}
+    return Report(
+        trace=str(path),
+        sglang_version=installed,
+        trace_sglang_version=header.sglang_version,
+        old=old,
+        new=new,
+        passes=result.passes,
+        truncated_at=truncated_at,
+        unknown_records=unknown,
+        fidelity=Fidelity(arm=old, matched=result.matched, total=result.total, mismatches=result.mismatches),
+        divergences=result.divergences,
+        stalls=stalls,
+        errors=errors,
+        aiter_events=result.aiter_events,
+        warnings=warnings,
+    )

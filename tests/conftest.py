@@ -1,0 +1,129 @@
+"""Shared fixtures: ONE real sglang server on CPU for the whole test session.
+
+Use it like this::
+
+    from conftest import generate   # pytest puts tests/ on sys.path
+
+    def test_something(sandbox):
+        out = generate(sandbox, rid="my-test-1", input_len=3000, max_new_tokens=20)
+        assert out["meta_info"]["completion_tokens"] == 20
+
+Tests marked ``@pytest.mark.own_server`` start and stop their own server;
+they are moved to the front of the run so that they finish before the shared
+server starts (never two servers at once on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer
+
+VOCAB_SIZE = 512  # tracer/assets/tiny-llama: every id below this is a real token
+GENERATE_TIMEOUT_S = 600.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "own_server: starts its own sandbox server; runs before the shared one exists"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("own_server") is None)  # stable
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxServer]:
+    """The real sglang server on CPU, started once per session, stopped at the end.
+
+    What it is: ``python -m sglang.launch_server`` on the shipped tiny Llama
+    (2 layers, vocab 512, dummy weights, fp32, torch_native attention) with
+    the KV-pressure arguments ``KV_PRESSURE_ARGS``: ``--max-running-requests
+    12 --chunked-prefill-size 8192 --max-total-tokens 40000``. Prompts longer
+    than 8192 tokens, or several queued prompts together, are prefilled in
+    chunks; about 40k tokens in flight fill the KV pool.
+
+    Tracing is on: the recorder plugin writes ``*.trace`` files into
+    ``sandbox.trace_dir`` (a session temp dir shared by every test using this
+    fixture, so filter records by your own ``rid``s; give each request a
+    unique rid, e.g. prefixed with the test name). No live fixes are applied
+    (no ``SCHEDTRACE_FIXES``).
+
+    Attributes: ``url`` (``http://127.0.0.1:PORT``), ``port``, ``trace_dir``,
+    ``log_path`` (server stdout+stderr; the scheduler logs "Prefill batch" /
+    "Decode batch" lines there), ``pid`` (the launcher, which leads the
+    server's process group).
+
+    Send requests with ``generate(sandbox, rid, input_len, max_new_tokens)``.
+    Do not stop or restart it; tests that need another configuration start
+    their own ``SandboxServer`` and mark themselves ``own_server``.
+    """
+    base = tmp_path_factory.mktemp("sandbox")
+    server = SandboxServer(
+        trace_dir=base / "traces",
+        extra_args=KV_PRESSURE_ARGS,
+        log_path=base / "server.log",
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def random_input_ids(length: int, seed: object) -> list[int]:
+    """``length`` token ids in [3, VOCAB_SIZE) (no special tokens), fixed by ``seed``."""
+    rng = random.Random(str(seed))
+    return [rng.randrange(3, VOCAB_SIZE) for _ in range(length)]
+
+
+def generate(
+    server: SandboxServer,
+    rid: str,
+    input_len: int,
+    max_new_tokens: int,
+    *,
+    ignore_eos: bool = True,
+    sampling_params: dict | None = None,
+    timeout_s: float = GENERATE_TIMEOUT_S,
+) -> dict:
+    """POST ``/generate`` and return sglang's JSON reply (blocks until finished).
+
+    The prompt is ``input_len`` random token ids (seeded by ``rid``, so the
+    same rid gives the same prompt), sent as ``input_ids``; ``rid`` becomes
+    sglang's request id (it shows up in traces and in ``meta_info["id"]``).
+    ``ignore_eos`` defaults to True so exactly ``max_new_tokens`` are produced.
+    ``sampling_params`` are merged over ``max_new_tokens``/``ignore_eos``.
+    The reply has ``text``, ``output_ids`` and ``meta_info`` (``id``,
+    ``prompt_tokens``, ``completion_tokens``, ``finish_reason``,
+    ``num_retractions``, ...). Raises ``AssertionError`` with the server's
+    body on a non-200 answer.
+    """
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
+    params.update(sampling_params or {})
+    body = {"rid": rid, "input_ids": random_input_ids(input_len, rid), "sampling_params": params}
+    request = urllib.request.Request(
+        server.url + "/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(
+            f"/generate rid={rid!r} answered {exc.code}: {exc.read()[:2000]!r}"
+        ) from None
+
+
+def log_size(path: Path) -> int:
+    """Current size of a log file, to read only what a test caused afterwards."""
+    return path.stat().st_size if path.exists() else 0

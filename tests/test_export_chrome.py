@@ -1,0 +1,193 @@
+"""``schedtrace export --format chrome``: Trace Event Format JSON for Perfetto UI."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+
+from bench.gen_trace import generate
+from otel_support import run_cli, write_small_trace
+from replay.report import load_report
+from tracer.export.chrome import COUNTERS, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
+from tracer.format import TraceReader
+from tracer.schema import Alloc, Arrival, Finish, Pass
+
+PASSES = 10_500  # two planted stall windows, failed allocations, one raising pass
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chrome")
+    trace, report = folder / "s.trace", folder / "s.json"
+    generate(trace, PASSES, report_path=report)
+    return trace, report
+
+
+def _export(trace, out, *extra) -> dict:
+    done = run_cli("export", str(trace), "--format", "chrome", "-o", str(out), *extra)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def _check_trace_event_format(doc: dict) -> list[dict]:
+    events = doc["traceEvents"]
+    assert isinstance(events, list) and events
+    names = {}
+    for event in events:
+        assert event["ph"] in {"M", "X", "C", "i", "b", "e"}
+        assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
+        if event["ph"] == "M":
+            names[(event["name"], event["tid"])] = event["args"]["name"] if "name" in event["args"] else None
+            continue
+        assert isinstance(event["ts"], (int, float)) and event["ts"] >= 0
+        if event["ph"] == "X":
+            assert event["dur"] >= 0
+        if event["ph"] == "i":
+            assert event["s"] in {"g", "p", "t"}
+        if event["ph"] in "be":
+            assert event["cat"] and event["id"]
+        if event["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in event["args"].values())
+    # Every track used is named.
+    assert ("process_name", 0) in names
+    for tid in {e["tid"] for e in events if e["ph"] in "Xi"}:
+        assert ("thread_name", tid) in names
+    # Timestamps never go back on a track (slices and instants per thread, each counter, each request).
+    last: dict = defaultdict(float)
+    for event in events:
+        if event["ph"] == "M":
+            continue
+        key = (event["ph"] in "Xi" and event["tid"], event["name"] if event["ph"] == "C" else None,
+               event.get("id"))
+        assert event["ts"] >= last[key], event
+        last[key] = event["ts"]
+    return events
+
+
+def test_chrome_json_round_trips_the_trace_counts(synthetic, tmp_path):
+    trace, report_path = synthetic
+    doc = _export(trace, tmp_path / "out.json", "--report", str(report_path))
+    events = _check_trace_event_format(doc)
+    report = load_report(report_path)
+    with TraceReader(trace) as reader:
+        recs = [r for _, r in reader.records()]
+    passes = [r for r in recs if isinstance(r, Pass)]
+
+    slices = [e for e in events if e["ph"] == "X"]
+    assert [e["args"]["seq"] for e in slices] == [p.seq for p in passes]
+    assert all(e["tid"] == TID_PASSES for e in slices)
+    assert [e["ts"] for e in slices] == [p.t_ns / 1000 for p in passes]
+    assert [e["dur"] for e in slices] == [p.dur_ns / 1000 for p in passes]
+
+    # Counters replay exactly the per-pass values (emitted when they change).
+    series = {name: [] for name in COUNTERS}
+    for event in events:
+        if event["ph"] == "C":
+            series[event["name"]].append(event["args"]["value"])
+    def changes(values):
+        out = []
+        for v in values:
+            if not out or out[-1] != v:
+                out.append(v)
+        return out
+    assert series["queue depth"] == changes([len(p.waiting) for p in passes])
+    assert series["running"] == changes([len(p.running) for p in passes])
+    assert series["KV free"] == changes([p.kv.available for p in passes])
+    assert series["KV evictable"] == changes([p.kv.evictable for p in passes])
+
+    instants = Counter((e["tid"], e["name"].split(":")[0]) for e in events if e["ph"] == "i")
+    failed_allocs = sum(1 for r in recs if isinstance(r, Alloc) and not r.ok)
+    assert failed_allocs > 0
+    assert instants[(TID_EVENTS, "alloc failed")] == failed_allocs
+    assert instants[(TID_EVENTS, "exception")] == sum(1 for p in passes if p.error) == 1
+    assert instants[(TID_DIVERGENCES, "divergence")] == len(report.divergences)
+    assert instants[(TID_STALLS, "stall (stock)")] == len(report.stalls["stock"]) > 0
+
+    # Per-request async slices: balanced, one outer slice per arrival, closed at finish.
+    arrivals = {r.rid for r in recs if isinstance(r, Arrival)}
+    finished = {r.rid for r in recs if isinstance(r, Finish)}
+    outer = [e for e in events if e["ph"] == "b" and e["name"] == e["id"]]
+    assert {e["id"] for e in outer} == arrivals
+    depth: Counter = Counter()
+    for event in events:
+        if event["ph"] == "b":
+            depth[event["id"]] += 1
+        elif event["ph"] == "e":
+            depth[event["id"]] -= 1
+            assert depth[event["id"]] >= 0
+    assert set(depth.values()) == {0}
+    ends = {e["id"]: e for e in events if e["ph"] == "e" and e["name"] == e["id"]}
+    assert {rid for rid, e in ends.items() if "reason" in e.get("args", {})} == finished
+    queued = [e for e in events if e["ph"] == "e" and e["name"] == "queued"]
+    assert len(queued) >= len(finished)  # every finished request was admitted once at least
+
+
+def test_without_a_report_stalls_come_from_rejected_runs(synthetic, tmp_path):
+    trace, report_path = synthetic
+    doc = _export(trace, tmp_path / "out.json")
+    events = _check_trace_event_format(doc)
+    found = [e["args"] for e in events if e["ph"] == "i" and e["tid"] == TID_STALLS]
+    planted = load_report(report_path).stalls["stock"]  # the generator's latched windows
+    assert planted
+    found_runs = [(s["start_pass"], s["end_pass"], s["passes"], s["head_rid"]) for s in found]
+    assert set(found_runs) >= {(s.start_pass, s.end_pass, s.passes, s.head_rid) for s in planted}
+    with TraceReader(trace) as reader:
+        passes = list(reader.passes())
+
+    def rejected(p):
+        return bool(p.waiting) and not p.admitted and not (p.chunk and p.chunk.size) and p.error is None
+
+    for start, end, count, _ in found_runs:  # each is a maximal run of rejected passes, long enough
+        assert all(rejected(p) for p in passes[start : end + 1])
+        assert count == sum(p.repeat for p in passes[start : end + 1]) >= 32
+        assert start == 0 or not rejected(passes[start - 1])
+        assert end + 1 == len(passes) or not rejected(passes[end + 1])
+    assert not [e for e in events if e["tid"] == TID_DIVERGENCES and e["ph"] != "M"]
+
+
+def test_small_trace_to_stdout(tmp_path):
+    trace = write_small_trace(tmp_path / "t.trace")
+    done = run_cli("export", str(trace), "--format", "chrome", "-o", "-")
+    assert done.returncode == 0, done.stderr
+    events = _check_trace_event_format(json.loads(done.stdout))
+    assert Counter(e["name"] for e in events if e["ph"] == "X") == {
+        "admitted": 1, "rejected": 1, "error": 1, "chunk": 1}
+    names = {e["name"] for e in events if e["ph"] == "i"}
+    assert names == {"alloc failed", "exception", "hook error", "records lost"}
+
+
+def test_corrupt_trace_exits_2_with_the_offset_and_leaves_no_output(tmp_path):
+    trace = write_small_trace(tmp_path / "t.trace")
+    data = bytearray(trace.read_bytes())
+    with TraceReader(trace) as reader:
+        offset = reader.pass_offsets[2]
+    data[offset] = 0xC1  # a byte msgpack never uses
+    trace.write_bytes(bytes(data))
+    out = tmp_path / "out.json"
+    done = run_cli("export", str(trace), "--format", "chrome", "-o", str(out))
+    assert done.returncode == 2
+    assert f"offset {offset}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_truncated_trace_exports_its_valid_prefix(tmp_path):
+    trace = tmp_path / "cut.trace"
+    generate(trace, 400)
+    size = trace.stat().st_size
+    generate(trace, 400, truncate_to=size // 2)
+    with TraceReader(trace) as reader:
+        expected = reader.pass_count
+    doc = _export(trace, tmp_path / "out.json")
+    events = _check_trace_event_format(doc)
+    assert sum(1 for e in events if e["ph"] == "X") == expected > 0
+
+
+def test_missing_trace_and_bad_options_exit_2(tmp_path):
+    done = run_cli("export", str(tmp_path / "nope.trace"), "--format", "chrome")
+    assert done.returncode == 2 and "no such file" in done.stderr
+    trace = write_small_trace(tmp_path / "t.trace")
+    done = run_cli("export", str(trace), "--format", "chrome", "--endpoint", "http://127.0.0.1:1")
+    assert done.returncode == 2 and "--endpoint" in done.stderr

@@ -1,0 +1,196 @@
+"""Pure tests of the closed-loop state machine (replay.loop_state, PassClock).
+
+No driver here: each test hands ``apply_decision`` the decision a pass would
+have made and checks the bookkeeping (KV, slots, latch, chunks, finishes).
+The closed loop against the real sglang code is in tests/test_closed_loop.py.
+"""
+
+from __future__ import annotations
+
+from replay.closed_loop import PassClock
+from replay.loop_state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
+from replay.report import Decision
+
+
+def running(rid: str, input_len: int = 100, output_len: int = 5, target: int = 10) -> LoopReq:
+    tokens = input_len + output_len - 1
+    return LoopReq(
+        rid=rid, input_len=input_len, max_new_tokens=50, target_output=target,
+        output_len=output_len, kv_tokens=tokens, kv_held=tokens,
+    )
+
+
+def waiting(rid: str, input_len: int = 100, target: int = 3, prefix_len: int = 0) -> LoopReq:
+    return LoopReq(rid=rid, input_len=input_len, max_new_tokens=50, target_output=target, prefix_len=prefix_len)
+
+
+def state(**kw) -> LoopState:
+    base = dict(waiting=[], running=[], chunked=None, batch_is_full=False, free=1000, evictable=0, req_slots_free=4)
+    base.update(kw)
+    return LoopState(**base)
+
+
+def step(s: LoopState, decision: Decision, page_size: int = 1, radix: bool = True):
+    return apply_decision(s, decision, page_size=page_size, radix_cache=radix)
+
+
+def total_kv(s: LoopState) -> int:
+    held = sum(r.kv_held for r in (*s.running, *s.waiting)) + (s.chunked.kv_held if s.chunked else 0)
+    return s.free + s.evictable + held
+
+
+def test_admission_allocates_extend_and_a_slot_then_the_request_runs():
+    s = state(waiting=[waiting("a", 100)])
+    after, result = step(s, Decision(admitted=[("a", 100)]))
+    assert result.admitted == ["a"] and not result.failed
+    assert after.waiting == [] and [r.rid for r in after.running] == ["a"]
+    assert after.running[0].output_len == 1  # the prefill sampled the first token
+    assert after.free == 900 and after.req_slots_free == 3
+    assert s.free == 1000 and s.waiting[0].rid == "a"  # the input state is untouched
+
+
+def test_decode_grows_each_running_request_by_one_token_per_pass():
+    s = state(running=[running("a"), running("b")], free=10)
+    after, _ = step(s, Decision(admitted=[]))
+    assert [r.output_len for r in after.running] == [6, 6]
+    assert after.free == 8
+
+
+def test_page_rounded_allocation():
+    assert ceil_page(1, 16) == 16 and ceil_page(16, 16) == 16 and ceil_page(17, 16) == 32
+    s = state(waiting=[waiting("a", 20)], free=64)
+    after, _ = step(s, Decision(admitted=[("a", 20)]), page_size=16)
+    assert after.free == 32
+
+
+def test_finish_frees_kv_to_evictable_and_clears_the_latch():
+    s = state(running=[running("a", 100, output_len=9, target=10), running("b")], batch_is_full=True, free=50)
+    after, result = step(s, Decision(admitted=[], batch_is_full=True))
+    assert result.finished == ["a"]
+    assert [r.rid for r in after.running] == ["b"]
+    assert after.evictable == 109 and after.req_slots_free == 5
+    assert after.batch_is_full is False  # the batch shrank
+    assert total_kv(after) == total_kv(s)
+
+
+def test_finish_without_radix_cache_frees_kv_directly():
+    s = state(running=[running("a", 100, output_len=9, target=10)], free=50)
+    after, _ = step(s, Decision(admitted=[]), radix=False)
+    assert after.evictable == 0 and after.free == 50 - 1 + 109  # one decode token, then all of it
+
+
+def test_the_latch_is_carried_from_the_decision_while_the_batch_does_not_shrink():
+    s = state(running=[running("a")], waiting=[waiting("w")], batch_is_full=True)
+    after, _ = step(s, Decision(admitted=[], batch_is_full=True))
+    assert after.batch_is_full is True
+    after, _ = step(s, Decision(admitted=[], batch_is_full=False))
+    assert after.batch_is_full is False
+
+
+def test_allocation_evicts_when_free_runs_out():
+    s = state(waiting=[waiting("a", 100)], free=40, evictable=100)
+    after, result = step(s, Decision(admitted=[("a", 100)]))
+    assert not result.failed
+    assert after.free == 0 and after.evictable == 40
+
+
+def test_an_over_ask_admits_nothing():
+    s = state(waiting=[waiting("a", 100)], free=40)
+    after, result = step(s, Decision(admitted=[("a", 100)], over_ask=60))
+    assert result.failed and result.kv_shortfall == 60
+    assert [r.rid for r in after.waiting] == ["a"] and after.free == 40
+
+
+def test_an_allocation_beyond_free_plus_evictable_admits_nothing_even_unreported():
+    s = state(waiting=[waiting("a", 100)], free=40)
+    after, result = step(s, Decision(admitted=[("a", 100)]))
+    assert result.failed and result.kv_shortfall == 60
+    assert after.waiting[0].rid == "a"
+
+
+def test_a_raising_pass_admits_nothing_but_decode_goes_on():
+    s = state(waiting=[waiting("a")], running=[running("r")], batch_is_full=False)
+    after, result = step(s, Decision(admitted=[("a", 100)], error="AssertionError: "))
+    assert result.failed
+    assert after.waiting[0].rid == "a" and after.running[0].output_len == 6
+
+
+def test_a_new_chunk_then_its_continuation_then_it_runs():
+    s = state(waiting=[waiting("a", 250)])
+    s1, _ = step(s, Decision(admitted=[("a", 100)], new_chunked_rid="a"))
+    assert s1.chunked is not None and s1.chunked.prefix_len == 100 and s1.running == []
+    assert s1.req_slots_free == 3 and s1.free == 900
+    s2, _ = step(s1, Decision(admitted=[("a", 100)], chunk_size=100))
+    assert s2.chunked.prefix_len == 200 and s2.req_slots_free == 3
+    s3, _ = step(s2, Decision(admitted=[("a", 50)], chunk_size=50))
+    assert s3.chunked is None and [r.rid for r in s3.running] == ["a"]
+    assert s3.free == 750 and s3.running[0].output_len == 1
+
+
+def test_a_deferred_chunk_stays_where_it_was():
+    s = state(waiting=[waiting("a", 250)])
+    s1, _ = step(s, Decision(admitted=[("a", 100)], new_chunked_rid="a"))
+    s2, _ = step(s1, Decision(admitted=[], chunk_size=None, chunk_budget=None))
+    assert s2.chunked.prefix_len == 100 and s2.free == s1.free
+
+
+def test_a_cached_prefix_leaves_the_evictable_count_on_admission():
+    s = state(waiting=[waiting("a", 100, prefix_len=30)], free=500, evictable=30)
+    after, _ = step(s, Decision(admitted=[("a", 70)]))
+    assert after.evictable == 0 and after.free == 430
+    assert after.running[0].kv_held == 100
+
+
+def test_decode_that_does_not_fit_retracts_in_sglang_order():
+    # b has fewer outputs than a: it goes first; at least one request stays.
+    a = running("a", 100, output_len=8, target=50)
+    b = running("b", 100, output_len=2, target=50)
+    s = state(running=[a, b], free=1, req_slots_free=2)
+    after, result = step(s, Decision(admitted=[]))
+    assert result.retracted == ["b"]
+    assert [r.rid for r in after.running] == ["a"] and after.running[0].output_len == 9
+    assert [r.rid for r in after.waiting] == ["b"]
+    back = after.waiting[0]
+    assert back.output_len == 2 and back.prefix_len == 0 and back.kv_held == 0
+    assert after.req_slots_free == 3 and after.batch_is_full is False
+    assert total_kv(after) == total_kv(s)
+
+
+def test_a_retracted_request_refills_its_outputs():
+    back = LoopReq(rid="b", input_len=100, max_new_tokens=50, target_output=50, output_len=2)
+    s = state(waiting=[back])
+    after, _ = step(s, Decision(admitted=[("b", 102)]))
+    assert after.running[0].output_len == 3 and after.free == 1000 - 102
+
+
+def test_signature_sees_every_decision_input():
+    s = state(waiting=[waiting("a")])
+    t = s.copy()
+    assert s.signature() == t.signature()
+    t.free -= 1
+    assert s.signature() != t.signature()
+
+
+def test_to_pass_carries_the_inputs():
+    s = state(waiting=[waiting("a", 100, prefix_len=7)], running=[running("r")], batch_is_full=True, free=12, evictable=3)
+    p = to_pass(s, seq=5, t_ns=99, new_token_ratio=0.4, chunked_prefill_size=256)
+    assert (p.seq, p.t_ns, p.batch_is_full_in, p.kv.available, p.kv.evictable) == (5, 99, True, 12, 3)
+    assert p.waiting[0].prefix_len == 7 and p.running[0].output_len == 5
+    assert p.req_slots_free == 4 and p.chunked_prefill_size == 256 and p.new_token_ratio == 0.4
+
+
+def test_pass_clock_interpolates_and_extrapolates():
+    clock = PassClock([(0, 0), (10, 1_000), (12, 3_000)])
+    assert clock.iteration_at(0) == 0
+    assert clock.iteration_at(500) == 5
+    assert clock.iteration_at(501) == 6  # the first pass at or after the time
+    assert clock.iteration_at(2_000) == 11
+    assert clock.period_ns == 250
+    assert clock.iteration_at(3_500) == 14
+    assert clock.time_at(5) == 500 and clock.time_at(14) == 3_500
+
+
+def test_pass_clock_survives_a_clock_running_backwards():
+    clock = PassClock([(0, 1_000), (5, 500), (10, 2_000)])
+    assert clock.times == [1_000, 1_000, 2_000]
+    assert clock.iteration_at(1_500) == 8

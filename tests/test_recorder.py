@@ -1,0 +1,221 @@
+"""The recorder plugin against real sglang: live server traces, crashes, failures."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import generate
+
+from tracer.format import TraceReader
+from tracer.recorder import Recorder, make_hooks
+from tracer.schema import Alloc, Arrival, Finish, HookError, Idle, KvSnapshot, Loss, Pass, WaitingReq
+from tracer.writer_thread import WriterThread
+from test_format import header
+
+# --- live server --------------------------------------------------------------
+
+
+def read_all(trace_dir: Path) -> tuple[list, int]:
+    """Every record of every trace in trace_dir, and max_total_tokens."""
+    records, max_total = [], 0
+    for path in sorted(glob.glob(str(trace_dir / "*.trace"))):
+        with TraceReader(path) as reader:
+            max_total = reader.header.server_args.max_total_tokens or 0
+            records.extend(r for _, r in reader.records())
+    return records, max_total
+
+
+def test_live_trace_matches_what_happened(sandbox) -> None:
+    rids = [f"rec-live-{i}" for i in range(14)]
+    lens = {rid: 1500 + 250 * i for i, rid in enumerate(rids)}
+    with ThreadPoolExecutor(len(rids)) as pool:
+        outs = list(pool.map(lambda rid: generate(sandbox, rid, lens[rid], 30), rids))
+    assert all(o["meta_info"]["completion_tokens"] == 30 for o in outs)
+
+    deadline = time.monotonic() + 30
+    while True:  # the writer flushes every ~50 ms; the finish of the last one may lag
+        records, max_total = read_all(sandbox.trace_dir)
+        finished = {r.rid: r for r in records if isinstance(r, Finish)}
+        if all(rid in finished for rid in rids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+
+    arrivals = {r.rid: r for r in records if isinstance(r, Arrival)}
+    for rid in rids:
+        assert arrivals[rid].input_len == lens[rid]
+        assert arrivals[rid].max_new_tokens == 30
+        assert finished[rid].output_len == 30 and finished[rid].reason == "length"
+        assert arrivals[rid].t_ns <= finished[rid].t_ns
+
+    passes = [r for r in records if isinstance(r, Pass)]
+    admitted = {a.rid for p in passes for a in p.admitted}
+    assert set(rids) <= admitted
+    # Every request is prefilled to its full length over its admissions.
+    prefilled = {rid: 0 for rid in rids}
+    for p in passes:
+        for a in p.admitted:
+            if a.rid in prefilled:
+                prefilled[a.rid] = max(prefilled[a.rid], a.prefix_len + a.extend_len)
+    assert prefilled == lens
+    seqs = [p.seq for p in passes]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    for p in passes:
+        assert 0 <= p.kv.available + p.kv.evictable <= max_total
+        assert p.repeat >= 1
+    allocs = [r for r in records if isinstance(r, Alloc)]
+    assert allocs and all(a.ok for a in allocs)
+    assert all(a.requested <= max_total for a in allocs)
+    assert sum(r.count for r in records if isinstance(r, Idle)) > 0
+    assert not [r for r in records if isinstance(r, (HookError, Loss))]
+
+
+# --- writer under load, killed -----------------------------------------------
+
+WRITER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from tests.test_format import header
+    from tracer.schema import Arrival
+    from tracer.writer_thread import WriterThread
+    w = WriterThread(sys.argv[1], "killed", lambda part, first: header(),
+                     clock_ns=time.monotonic_ns, flush_interval_s=0.002, queue_size=1 << 20)
+    i = 0
+    while True:
+        w.submit(Arrival(i, f"r{i}", i, 1))
+        i += 1
+        if i == 20000:
+            print("ready", flush=True)
+        if i % 500 == 0:
+            time.sleep(0.001)
+    """
+)
+
+
+def test_kill9_keeps_every_written_record(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER_SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.3)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    (path,) = tmp_path.glob("killed.part000.trace")
+    with TraceReader(path) as reader:
+        assert not reader.closed_cleanly
+        rids = [r.rid for _, r in reader.records() if isinstance(r, Arrival)]
+        end = reader.truncated_at
+    assert len(rids) >= 20000
+    assert rids == [f"r{i}" for i in range(len(rids))]  # no gap, no reordering
+    # Tear the last record as a crash mid-write would: the prefix still reads.
+    data = path.read_bytes()[: (end or path.stat().st_size) - 3]
+    path.write_bytes(data)
+    with TraceReader(path) as reader:
+        again = [r.rid for _, r in reader.records() if isinstance(r, Arrival)]
+        assert reader.truncated_at is not None and reader.truncated_at < len(data)
+    assert again == rids[: len(again)] and len(again) == len(rids) - 1
+
+
+# --- queue full, rotation, folding (real writer thread) ------------------------
+
+
+def test_full_queue_writes_exact_loss(tmp_path: Path) -> None:
+    writer = WriterThread(tmp_path, "full", lambda part, first: header(),
+                          clock_ns=time.monotonic_ns, queue_size=5, flush_interval_s=60)
+    accepted = [writer.submit(Arrival(i, f"r{i}", 1, 1)) for i in range(12)]
+    assert accepted == [True] * 5 + [False] * 7
+    writer.close()
+    with TraceReader(writer.paths[0]) as reader:
+        records = [r for _, r in reader.records()]
+        assert [r.rid for r in records if isinstance(r, Arrival)] == [f"r{i}" for i in range(5)]
+        assert [r.count for r in records if isinstance(r, Loss)] == [7]
+        assert reader.footer.counts["lost"] == 7
+
+
+def sched_pass(rid: str = "a") -> Pass:
+    return Pass(0, 0, 10, 1, 0, [WaitingReq(rid, 100, 0, 10, 0)], [], None, True,
+                KvSnapshot(500, 0), 3, 0.5, 8192, [], [], None, None, True)
+
+
+def test_rotation_keeps_pass_seq_consecutive(tmp_path: Path) -> None:
+    writer = WriterThread(tmp_path, "rot", header_for, clock_ns=time.monotonic_ns,
+                          max_bytes=2000, flush_interval_s=0.005)
+    for i in range(200):
+        writer.submit(sched_pass(f"r{i}"))
+        if i % 20 == 0:
+            time.sleep(0.01)
+    writer.close()
+    seqs = []
+    assert len(writer.paths) > 1
+    for part, path in enumerate(writer.paths):
+        with TraceReader(path) as reader:
+            assert reader.closed_cleanly
+            assert reader.header.part == part and reader.header.first_pass == len(seqs)
+            seqs.extend(p.seq for p in reader.passes())
+    assert seqs == list(range(200))
+
+
+def header_for(part: int, first: int):
+    h = header()
+    h.part, h.first_pass = part, first
+    return h
+
+
+def test_idle_and_fold(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval_s=0.005)
+    rec.writer = WriterThread(tmp_path, "fold", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=0.005)
+    rec.idle = 3
+    for _ in range(4):
+        rec._emit_pass(sched_pass(), True, ("same",))
+    rec.idle = 2
+    rec._emit_pass(sched_pass(), True, ("same",))  # idle in between: a new record
+    rec._emit(Arrival(rec.now(), "b", 5, 5))
+    rec.close()
+    with TraceReader(rec.writer.paths[0]) as reader:
+        records = [r for _, r in reader.records()][1:]
+        assert [type(r).__name__ for r in records] == ["Idle", "Pass", "Idle", "Pass", "Arrival"]
+        assert [(p.seq, p.repeat, p.idle_before) for p in records if isinstance(p, Pass)] == [(0, 4, 3), (1, 1, 2)]
+        assert reader.footer.counts["idle_passes"] == 5
+
+
+# --- a failing hook never reaches sglang -------------------------------------
+
+
+def test_failing_hook_keeps_original_result(tmp_path: Path) -> None:
+    import torch
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
+    class BrokenScheduler:  # the recorder reads evictable tokens from it: that raises
+        tree_cache = None
+
+    rec = Recorder(tmp_path, flush_interval_s=0.005)
+    rec.writer = WriterThread(tmp_path, "hookerr", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=0.005)
+    rec.scheduler = BrokenScheduler()
+    hooks = dict(make_hooks(rec))
+    original = TokenToKVPoolAllocator.alloc
+    wrapped = _wrap_fn(original, hooks["sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc"], HookType.AROUND)
+    allocator = TokenToKVPoolAllocator(64, torch.float32, "cpu", None, need_sort=False)
+    first = wrapped(allocator, 10)
+    second = wrapped(allocator, 10)
+    assert first.tolist() == list(range(1, 11)) and second.tolist() == list(range(11, 21))
+    assert allocator.available_size() == 44
+    assert wrapped(allocator, 100) is None  # the real refusal still comes back
+    rec.close()
+    assert rec.hook_errors == {"alloc": 3}
+    with TraceReader(rec.writer.paths[0]) as reader:
+        errors = [r for _, r in reader.records() if isinstance(r, HookError)]
+        assert [(e.hook, e.count) for e in errors] == [("alloc", 1), ("alloc", 3)]
+        assert "AttributeError" in errors[0].message
+        assert reader.footer.counts["hook_errors"] == 3

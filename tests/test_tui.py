@@ -1,0 +1,353 @@
+"""The trace browser driven through Textual's Pilot, plus its pure view model.
+
+Traces come from bench.gen_trace (deterministic, with planted stalls,
+failed allocations and one raising pass) and its matching replay report.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from bench.gen_trace import generate
+from replay.report import Decision, dump_report, load_report
+from tracer.format import TraceReader
+from tui.app import KEYS, TraceApp
+from tui.model import (
+    PassFilter,
+    RidSpan,
+    decision_diff,
+    downsample,
+    mark_buckets,
+    Marks,
+    pass_of_bucket,
+    bucket_of,
+    request_life,
+)
+from tui.widgets.pass_list import PassList
+from tui.widgets.screens import RequestScreen
+
+PASSES = 1200
+SIZE = (150, 44)
+
+pytestmark = pytest.mark.anyio  # async tests run on asyncio through anyio's pytest plugin
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("tui")
+    path, report_path = directory / "t.trace", directory / "t.json"
+    generate(path, PASSES, seed=3, report_path=report_path)
+    return path, report_path
+
+
+def make_app(trace: tuple[Path, Path], *, with_report: bool = True) -> TraceApp:
+    path, report_path = trace
+    report = load_report(report_path) if with_report else None
+    return TraceApp(TraceReader(path), report=report)
+
+
+async def settle(app: TraceApp, pilot) -> None:
+    """Let the scan and timeline workers finish and their messages land."""
+    for _ in range(3):
+        while any(worker.is_running for worker in app.workers):
+            await pilot.pause(0.02)
+        await pilot.pause()
+
+
+def detail_text(app: TraceApp) -> str:
+    static = app.query_one("#detail-body", Static)
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(static.content)
+    return console.export_text()
+
+
+async def test_n_and_N_walk_the_divergences(trace):
+    app = make_app(trace)
+    report = load_report(trace[1])
+    passes = sorted(d.pass_ for d in report.divergences)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.selected == 0
+        await pilot.press("n")
+        assert app.selected == passes[0]
+        await pilot.press("n")
+        assert app.selected == passes[1]
+        await pilot.press("N")
+        assert app.selected == passes[0]
+        text = detail_text(app)
+        divergence = next(d for d in report.divergences if d.pass_ == passes[0])
+        assert f"Pass {passes[0]}" in text
+        assert "fixes responsible: " + ", ".join(divergence.fixes) in text
+        changed = [d.name for d in decision_diff(divergence.old, divergence.new) if d.differs]
+        assert changed and all(f"≠ {name}" in text for name in changed)
+        assert "stock" in text and "fixed" in text
+        assert app.query_one(PassList).selected_pass == passes[0]
+
+
+async def test_stall_and_error_keys(trace):
+    app = make_app(trace)
+    report = load_report(trace[1])
+    stall_starts = sorted(s.start_pass for s in report.stalls["stock"])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("s")
+        assert app.selected == stall_starts[0]
+        await pilot.press("s")
+        assert app.selected == stall_starts[1]
+        await pilot.press("S")
+        assert app.selected == stall_starts[0]
+        assert "inside a stall" in detail_text(app)
+        # The raising pass is the only error in the report; failed allocs also count as errors.
+        error_pass = report.errors["stock"][0].pass_
+        for _ in range(50):
+            await pilot.press("e")
+            if app.selected == error_pass:
+                break
+        assert app.selected == error_pass
+        assert "✖ raised: AssertionError" in detail_text(app)
+
+
+async def test_errors_include_failed_allocations(trace):
+    app = make_app(trace, with_report=False)
+    with TraceReader(trace[0]) as reader:
+        failed = sorted(r.pass_seq for _, r in reader.records() if getattr(r, "ok", True) is False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("e")
+        assert app.selected == failed[0]
+        assert "a KV allocation failed" in detail_text(app)
+
+
+async def test_trace_alone_finds_recorded_stalls_and_refuses_divergence_jumps(trace):
+    app = make_app(trace, with_report=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.scan is not None and app.scan.stalls, "the planted latch windows are recorded stalls"
+        await pilot.press("s")
+        assert app.selected == app.scan.stalls[0][0]
+        await pilot.press("n")
+        assert app.selected == app.scan.stalls[0][0]  # no replay: n does not move
+        await pilot.pause()
+        assert any("No replay loaded" in str(n.message) for n in app._notifications)
+
+
+async def test_goto_pass_and_out_of_range(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("g", *"777", "enter")
+        assert app.selected == 777
+        assert "Pass 777" in detail_text(app)
+        await pilot.press("g", *"99999", "enter")
+        assert app.selected == 777
+        await pilot.press("g", *"abc", "enter")
+        assert app.selected == 777
+
+
+async def test_find_rid_then_request_view(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        rid = "r0000100"
+        span = app.scan.rids[rid]
+        await pilot.press("slash", *rid, "enter")
+        assert app.selected == span.first_pass
+        await pilot.press("r")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, RequestScreen) and screen.rid == rid
+        states = [step.state for step in screen.steps]
+        assert states[0] == "arrived" and "waiting" in states and "admitted" in states
+        assert states[-1] == "finished"
+        table = screen.query_one(DataTable)
+        assert table.row_count == len(screen.steps)
+        # enter on a step jumps back to that pass on the main screen
+        table.move_cursor(row=states.index("admitted"))
+        admitted_pass = screen.steps[states.index("admitted")].first
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, RequestScreen)
+        assert app.selected == admitted_pass
+
+
+async def test_filters_and_their_inverse(trace):
+    app = make_app(trace)
+    report = load_report(trace[1])
+    divergent = sorted(d.pass_ for d in report.divergences)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        pass_list = app.query_one(PassList)
+        await pilot.press("f", *"divergent", "enter")
+        await settle(app, pilot)
+        assert pass_list.row_count == len(divergent)
+        assert [pass_list.pass_of(i) for i in range(pass_list.row_count)] == divergent
+        await pilot.press("f", *"!divergent", "enter")
+        await settle(app, pilot)
+        assert pass_list.row_count == PASSES - len(divergent)
+        assert divergent[0] not in {pass_list.pass_of(i) for i in range(pass_list.row_count)}
+        await pilot.press("f", *"fix latch", "enter")
+        await settle(app, pilot)
+        latch = [d.pass_ for d in report.divergences if "latch" in d.fixes]
+        assert pass_list.row_count == len(latch)
+        await pilot.press("f", *"result error", "enter")
+        await settle(app, pilot)
+        assert pass_list.row_count == 1
+        assert pass_list.pass_of(0) == report.errors["stock"][0].pass_
+        await pilot.press("f", "enter")  # empty clears
+        await settle(app, pilot)
+        assert pass_list.row_count == PASSES
+
+
+async def test_moving_on_the_pass_list_and_timeline(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("down", "down", "pagedown")
+        assert app.selected > 2
+        await pilot.press("end")
+        assert app.selected == PASSES - 1
+        timeline = app.query_one("#timeline")
+        data = timeline.data
+        assert data is not None and data.passes == PASSES
+        # Click the timeline's 10th bucket on the first series row.
+        await pilot.click("#timeline", offset=(1 + 9 + 10, 0))
+        await pilot.pause()
+        assert app.selected == pass_of_bucket(10, 0, PASSES, data.buckets)
+        timeline.focus()
+        before = app.selected
+        await pilot.press("right")
+        await pilot.pause()
+        assert app.selected > before
+
+
+async def test_help_and_command_palette_list_every_key(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        titles = {command.title for command in app.get_system_commands(app.screen)}
+        assert {description for _, _, description in KEYS} <= titles
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert app.screen is app.screen_stack[0]
+
+
+async def test_truncated_trace_opens_and_says_where_it_ends(tmp_path):
+    torn = tmp_path / "torn.trace"
+    generate(torn, 300, seed=5, cut_bytes=2001)  # as a killed recorder leaves it: no footer, torn record
+    cut_at = torn.stat().st_size
+    reader = TraceReader(torn)
+    assert not reader.closed_cleanly
+    app = TraceApp(reader)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert 0 < app.passes < 300
+        assert "truncated at byte" in app.status_text
+        assert reader.truncated_at is not None and reader.truncated_at <= cut_at
+        await pilot.press("end")
+        assert app.selected == app.passes - 1
+        assert f"Pass {app.passes - 1}" in detail_text(app)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from tracer.cli import main; main()", "tui", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"\x93\xa4pass\x01\x02", "expected a header record first"),
+        (b"\xc1\xc1\xc1\xc1", "offset 0"),
+    ],
+    ids=["missing", "empty", "no-header", "garbage"],
+)
+def test_bad_trace_is_one_line_on_stderr(tmp_path, content, expected):
+    path = tmp_path / "bad.trace"
+    if content is not None:
+        path.write_bytes(content)
+    result = run_cli(str(path))
+    assert result.returncode == 2
+    assert expected in result.stderr and str(path) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_report_and_bad_options_are_one_line(trace, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = run_cli(str(trace[0]), "--report", str(bad))
+    assert result.returncode == 2 and "not a schedtrace replay report" in result.stderr
+    result = run_cli(str(trace[0]), "--old", "stock")
+    assert result.returncode == 2 and "--old and --new go together" in result.stderr
+    result = run_cli(str(trace[0]), "--old", "stock", "--new", "nonsense")
+    assert result.returncode == 2 and "unknown variant" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- pure view model --------------------------------------------------------------------
+
+
+def test_downsample_keeps_peaks_and_buckets_round_trip():
+    values = [0] * 1000
+    values[537] = 9
+    buckets = downsample(values, 0, 1000, 100)
+    assert len(buckets) == 100 and buckets[53] == 9 and sum(buckets) == 9
+    assert downsample(values, 0, 10, 100) == values[:10]
+    for n in (0, 537, 999):
+        assert pass_of_bucket(bucket_of(n, 0, 1000, 100), 0, 1000, 100) <= n
+
+
+def test_mark_buckets_ranks_errors_over_divergences_over_stalls():
+    from array import array
+
+    marks = Marks()
+    marks.set_stalls([(0, 49)])
+    marks.divergence = array("q", [10, 60])
+    marks.error = array("q", [60])
+    cells = mark_buckets(marks, 100, 10)
+    assert cells[0] == "▬" and cells[1] == "◆" and cells[4] == "▬" and cells[6] == "✖" and cells[9] == " "
+
+
+def test_filter_parsing():
+    assert PassFilter.parse("divergent") == PassFilter("divergent")
+    assert PassFilter.parse("!fix latch") == PassFilter("fix", "latch", True)
+    assert PassFilter.parse("not result no-token") == PassFilter("result", "no-token", True)
+    with pytest.raises(ValueError, match="unknown filter"):
+        PassFilter.parse("result bogus")
+
+
+def test_decision_diff_marks_only_changed_fields():
+    old = Decision(admitted=[("a", 10)], batch_is_full=True)
+    new = Decision(admitted=[("a", 10), ("b", 5)], batch_is_full=False)
+    changed = {d.name for d in decision_diff(old, new) if d.differs}
+    assert changed == {"admitted", "batch_is_full"}
+
+
+def test_request_life_folds_waiting_runs_and_names_reasons(trace):
+    with TraceReader(trace[0]) as reader:
+        passes = list(reader.passes(0, 400))
+    rid = next(p.admitted[0].rid for p in passes[50:] if p.admitted)
+    steps = request_life(rid, passes, RidSpan(0, 399), max_running=12)
+    waiting = [s for s in steps if s.state == "waiting"]
+    assert waiting and all(s.detail.startswith(("not ", "tried", "pass raised")) for s in waiting)
+    # Folded: no two consecutive steps with the same state and reason.
+    for a, b in zip(steps, steps[1:]):
+        assert (a.state, a.detail) != (b.state, b.detail) or a.last + 1 != b.first
+    assert any(s.state == "admitted" for s in steps)

@@ -1,0 +1,56 @@
+"""SVG snapshots of the browser (pytest-textual-snapshot).
+
+Regenerate after an intended change with
+``pytest tests/test_tui_snapshots.py --snapshot-update`` and review the SVGs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.gen_trace import generate
+from replay.report import load_report
+from tracer.format import TraceReader
+from tui.app import TraceApp
+
+SIZE = (140, 40)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("snap")
+    path, report_path = directory / "snap.trace", directory / "snap.json"
+    generate(path, 600, seed=11, report_path=report_path)
+    return path, report_path
+
+
+async def _settle(pilot) -> None:
+    app = pilot.app
+    for _ in range(3):
+        while any(worker.is_running for worker in app.workers):
+            await pilot.pause(0.02)
+        await pilot.pause()
+
+
+def _app(trace) -> TraceApp:
+    return TraceApp(TraceReader(trace[0]), report=load_report(trace[1]))
+
+
+def test_main_screen_with_replay_on_a_divergence(snap_compare, trace):
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("n", "n")
+        await _settle(pilot)
+
+    assert snap_compare(_app(trace), terminal_size=SIZE, run_before=run_before)
+
+
+def test_request_view(snap_compare, trace):
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("slash", *"r0000040", "enter", "r")
+        await _settle(pilot)
+
+    assert snap_compare(_app(trace), terminal_size=SIZE, run_before=run_before)

@@ -1,0 +1,62 @@
+"""``schedtrace tui`` in a real terminal: tmux runs it, we send keys and read the pane."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.gen_trace import generate
+from replay.report import load_report
+
+TMUX = shutil.which("tmux")
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux not found: install it (apt-get install -y tmux)")
+SCHEDTRACE = Path(sys.executable).with_name("schedtrace")
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run([TMUX, *args], check=True, capture_output=True, text=True, timeout=30).stdout
+
+
+def _wait_for(session: str, text: str, deadline_s: float = 60.0) -> str:
+    """Poll the pane until ``text`` shows (a wait, not a timing assertion)."""
+    end = time.monotonic() + deadline_s
+    pane = ""
+    while time.monotonic() < end:
+        pane = _tmux("capture-pane", "-p", "-t", session)
+        if text in pane:
+            return pane
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared; last pane:\n{pane}")
+
+
+def test_tui_in_tmux(tmp_path):
+    trace, report_path = tmp_path / "t.trace", tmp_path / "t.json"
+    generate(trace, 800, seed=2, report_path=report_path)
+    first = min(d.pass_ for d in load_report(report_path).divergences)
+    session = f"schedtrace-tui-{time.monotonic_ns()}"
+    command = f"{SCHEDTRACE} tui {trace} --report {report_path}"
+    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "45", command)
+    try:
+        pane = _wait_for(session, "divergences")
+        assert "tiny-llama" in pane and "passes 800" in pane
+        _wait_for(session, "events")  # the timeline, once the scan is done
+        _tmux("send-keys", "-t", session, "n")
+        pane = _wait_for(session, f"Pass {first} ")
+        assert "fixes responsible" in pane
+        _tmux("send-keys", "-t", session, "g")
+        _wait_for(session, "Go to pass")
+        _tmux("send-keys", "-t", session, "4", "2", "1", "Enter")
+        _wait_for(session, "Pass 421 ")
+        _tmux("send-keys", "-t", session, "q")
+        end = time.monotonic() + 30
+        while time.monotonic() < end and session in _tmux("list-sessions", "-F", "#{session_name}"):
+            time.sleep(0.2)
+    finally:
+        subprocess.run([TMUX, "kill-session", "-t", session], capture_output=True, timeout=30)
+    assert session not in subprocess.run([TMUX, "list-sessions", "-F", "#{session_name}"],
+                                         capture_output=True, text=True).stdout, "q did not quit"

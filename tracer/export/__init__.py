@@ -1,0 +1,10 @@
+"""Exporters from a recorded trace to other tools (``schedtrace export``).
+
+* ``chrome``: Trace Event Format JSON that opens in Perfetto UI
+  (tracer/export/chrome.py), written as a stream.
+* ``otlp``: the passes as OpenTelemetry spans over OTLP/HTTP protobuf
+  (tracer/export/otlp.py), with the same names as the live mirror.
+
+Both read the trace only through ``tracer.format.TraceReader`` and the
+replay report only through ``replay.report.load_report``.
+"""

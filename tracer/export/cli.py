@@ -1,0 +1,82 @@
+"""``schedtrace export``: a recorded trace to Perfetto (Chrome JSON) or to an OTLP collector."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from tracer.errors import UsageError
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=True))
+@click.option("--format", "fmt", type=click.Choice(["chrome", "otlp"]), required=True,
+              help="chrome: Trace Event Format JSON for Perfetto UI; otlp: spans over OTLP/HTTP protobuf.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="chrome: output file ('-' for stdout; default TRACE with .chrome.json).")
+@click.option("--endpoint", help="otlp: collector URL (default: OTEL_EXPORTER_OTLP_*ENDPOINT, "
+              "else http://localhost:4318/v1/traces; a URL without a path gets /v1/traces).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="A replay report (schedtrace replay --json) whose divergences and stalls to include.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=120), default=10.0, show_default=True,
+              help="otlp: seconds per batch, retries included, before giving up.")
+@click.option("--stall-passes", type=click.IntRange(min=1), default=32, show_default=True,
+              help="chrome without --report: rejected passes in a row that mark a stall.")
+def export(trace: str, fmt: str, output: str | None, endpoint: str | None, report_path: str | None,
+           timeout_s: float, stall_passes: int) -> None:
+    """Export TRACE for Perfetto UI (--format chrome) or an OpenTelemetry collector (--format otlp)."""
+    from replay.report import load_report
+    from tracer.format import TraceReader
+
+    if fmt == "chrome" and endpoint:
+        raise UsageError("--endpoint applies to --format otlp only")
+    if fmt == "otlp" and output:
+        raise UsageError("-o/--output applies to --format chrome only")
+    report = load_report(report_path) if report_path else None
+    with TraceReader(trace) as reader:
+        if fmt == "chrome":
+            _export_chrome(reader, output, report, stall_passes)
+        else:
+            _export_otlp(reader, endpoint, report, timeout_s)
+        if reader.truncated_at is not None:
+            click.echo(f"schedtrace: warning: {trace} was not closed cleanly; exported the records "
+                       f"before offset {reader.truncated_at}", err=True)
+        if report is not None and report.passes != reader.pass_count:
+            click.echo(f"schedtrace: warning: {report_path} covers {report.passes} passes, "
+                       f"{trace} has {reader.pass_count}", err=True)
+
+
+def _export_chrome(reader, output: str | None, report, stall_passes: int) -> None:
+    from tracer.export.chrome import export_chrome
+
+    if output == "-":
+        stats = export_chrome(reader, sys.stdout.buffer, report, stall_passes=stall_passes)
+        sys.stdout.buffer.flush()
+        return
+    path = Path(output) if output else Path(reader.path).with_suffix(".chrome.json")
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as out:
+            stats = export_chrome(reader, out, report, stall_passes=stall_passes)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write: {exc.strerror}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)  # never leave half a JSON file behind
+        raise
+    os.replace(partial, path)
+    events = ", ".join(f"{n} {ph}" for ph, n in sorted(stats.events.items()))
+    click.echo(f"{path}: {stats.passes} passes ({events}); open it in https://ui.perfetto.dev", err=True)
+
+
+def _export_otlp(reader, endpoint: str | None, report, timeout_s: float) -> None:
+    from tracer.export.otlp import export_otlp, resolve_endpoint
+
+    url = resolve_endpoint(endpoint)
+    stats = export_otlp(reader, url, report, timeout_s=timeout_s)
+    extra = f", {stats.divergence_events} divergence and {stats.stall_events} stall events" if report else ""
+    click.echo(f"{url}: sent {stats.pass_spans} pass spans ({stats.spans} spans in {stats.batches} batches{extra})",
+               err=True)

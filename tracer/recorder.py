@@ -1,0 +1,596 @@
+"""The recorder: hooks that turn one scheduler's decisions into trace records.
+
+One ``Recorder`` lives in each sglang process that loads the plugin, but it
+only ever writes from a scheduler process: the writer (and its file) is
+created on the first record, which only scheduler-side hooks produce.
+
+Per pass (``Scheduler._get_new_batch_prefill_raw``):
+
+* idle check first (empty waiting queue and no chunked request): bump a
+  counter and call through; nothing else runs;
+* otherwise snapshot the inputs (``tracer.snapshot``), open a ``_PassCapture``
+  that the ``PrefillAdder``/``PrefillBudget`` hooks fill while the pass runs,
+  and build one ``Pass`` from it afterwards (with ``error`` if it raised; the
+  exception is re-raised unchanged);
+* a rejected pass (nothing admitted, no chunk) is held back; identical
+  rejected passes that follow within ``FOLD_WINDOW_NS`` with no record in
+  between fold into it (``repeat`` += 1, ``dur_ns`` summed).
+
+Every record goes through ``_emit``, which first writes the held pass and an
+``Idle`` record for idle passes counted since the previous record, so the
+file keeps time order. Encoding and I/O happen on ``WriterThread``.
+
+Hook failures never reach sglang: each is caught, counted, logged once per
+hook and written as a ``HookError``; the sglang function runs regardless and
+its result is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tracer import snapshot
+from tracer.schema import (
+    Abort,
+    Admitted,
+    Aiter,
+    Alloc,
+    Arrival,
+    Candidate,
+    ChunkOutcome,
+    Finish,
+    HookError,
+    Idle,
+    Pass,
+    Record,
+    Retract,
+)
+from tracer.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Sink, WriterThread
+
+logger = logging.getLogger(__name__)
+
+# A held rejected pass is written at the latest this long after it started,
+# so a scheduler stuck in identical passes still shows up in the file.
+FOLD_WINDOW_NS = 100_000_000
+
+
+class _PassCapture:
+    """What one non-idle pass saw; filled by the adder/budget hooks."""
+
+    __slots__ = (
+        "t_ns", "waiting", "running", "chunked", "chunked_obj", "batch_is_full_in",
+        "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
+        "candidates", "admitted", "chunk", "in_chunk", "budget", "events",
+    )
+
+    def __init__(self) -> None:
+        self.candidates: list[Candidate] = []
+        self.admitted: list[Admitted] = []
+        self.chunk: ChunkOutcome | None = None
+        self.in_chunk = False
+        self.budget: int | None = None
+        self.events: list[Record] = []  # emitted during the pass: written after it
+
+
+class Recorder:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        sink_factory: Callable[[], list[Sink]] | None = None,
+        flush_interval_s: float | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.queue_size = queue_size
+        self.flush_interval_s = flush_interval_s
+        self._sink_factory = sink_factory
+        self._t0 = time.monotonic_ns()
+        self._start_wall_ns = time.time_ns()
+        self.scheduler: Any = None
+        self.writer: WriterThread | None = None
+        self.disabled = False  # the writer could not be created: record nothing
+        self.idle = 0  # idle passes since the previous record
+        self.idle_total = 0  # folded into idle records as they are written
+        self.capture: _PassCapture | None = None
+        self._held: Pass | None = None
+        self._held_key: tuple | None = None
+        self._in_alloc = False
+        self._live_rids: set[str] = set()
+        self.hook_errors: dict[str, int] = {}
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # --- clock and lifecycle ---
+
+    def now(self) -> int:
+        return time.monotonic_ns() - self._t0
+
+    def attach(self, scheduler: Any) -> None:
+        """Remember the scheduler of this process (header and KV reads)."""
+        if self.scheduler is None:
+            self.scheduler = scheduler
+
+    def _ensure_writer(self) -> WriterThread | None:
+        if self.writer is not None or self.disabled:
+            return self.writer
+        scheduler = self.scheduler
+        if scheduler is None:
+            return None
+        pid = os.getpid()
+        tp_rank, dp_rank = snapshot.scheduler_ranks(scheduler)
+        stem = f"schedtrace-tp{tp_rank}-dp{dp_rank or 0}-pid{pid}"
+
+        def make_header(part: int, first_pass: int):
+            return snapshot.header_row(scheduler, pid, self._start_wall_ns, part, first_pass)
+
+        try:
+            sinks = self._sink_factory() if self._sink_factory else []
+            kwargs = {} if self.flush_interval_s is None else {"flush_interval_s": self.flush_interval_s}
+            self.writer = WriterThread(
+                self.directory, stem, make_header, clock_ns=self.now,
+                queue_size=self.queue_size, max_bytes=self.max_bytes, sinks=sinks, **kwargs,
+            )
+        except Exception:
+            self.disabled = True
+            logger.exception("schedtrace: cannot start the trace writer in %s; recording is off", self.directory)
+            return None
+        logger.info("schedtrace: recording scheduler decisions to %s", self.writer.paths[0])
+        return self.writer
+
+    def close(self) -> None:
+        """Write everything held, the footer, and stop the writer. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.writer is None and self.scheduler is not None and not self.disabled:
+            self._ensure_writer()  # an idle-only run still leaves a trace
+        writer = self.writer
+        if writer is None:
+            return
+        self._flush_held()
+        if self.idle:
+            self._submit_idle()
+        for hook, count in sorted(self.hook_errors.items()):
+            if count > 1:
+                writer.submit(HookError(self.now(), hook, f"{count} failures in total", count))
+        writer.extra_counts["hook_errors"] = sum(self.hook_errors.values())
+        writer.close()
+
+    # --- emitting ---
+
+    def _submit_idle(self) -> None:
+        self.writer.submit(Idle(self.now(), self.idle))
+        self.idle_total += self.idle
+        self.idle = 0
+
+    def _flush_held(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._held_key = None
+            self.writer.submit(held)
+
+    def _emit(self, record: Record) -> None:
+        """Queue one event record in time order (after the held pass and idles).
+
+        Events raised inside a pass (its KV allocations) follow that pass's
+        record, so their ``pass_seq`` names the pass that caused them.
+        """
+        cap = self.capture
+        if cap is not None:
+            cap.events.append(record)
+            return
+        writer = self.writer or self._ensure_writer()
+        if writer is None:
+            return
+        if self._held is not None:
+            self._flush_held()
+        if self.idle:
+            self._submit_idle()
+        writer.submit(record)
+
+    def _emit_pass(self, record: Pass, foldable: bool, key: tuple | None) -> None:
+        writer = self.writer or self._ensure_writer()
+        if writer is None:
+            return
+        held = self._held
+        if held is not None:
+            if (
+                foldable
+                and not self.idle
+                and key == self._held_key
+                and record.t_ns - held.t_ns < FOLD_WINDOW_NS
+            ):
+                held.repeat += 1
+                held.dur_ns += record.dur_ns
+                return
+            self._flush_held()
+        if self.idle:
+            record.idle_before = self.idle
+            self._submit_idle()
+        if foldable:
+            self._held = record
+            self._held_key = key
+        else:
+            writer.submit(record)
+
+    def hook_failed(self, hook: str, exc: BaseException) -> None:
+        count = self.hook_errors.get(hook, 0) + 1
+        self.hook_errors[hook] = count
+        if count == 1:
+            logger.warning("schedtrace: recorder hook %s failed (sglang is unaffected): %r", hook, exc)
+            try:
+                self._emit(HookError(self.now(), hook, f"{type(exc).__name__}: {exc}"[:500]))
+            except Exception:  # the writer itself is what failed: nothing more to do
+                pass
+
+    # --- pass ---
+
+    def begin_pass(self, scheduler: Any, running_batch: Any) -> _PassCapture:
+        if self.scheduler is None:
+            self.attach(scheduler)
+        cap = _PassCapture()
+        cap.t_ns = self.now()
+        waiting_row = snapshot.waiting_row
+        running_row = snapshot.running_row
+        cap.waiting = [waiting_row(r) for r in scheduler.waiting_queue]
+        cap.running = [running_row(r) for r in running_batch.reqs] if running_batch is not None else []
+        chunked = scheduler.chunked_req
+        cap.chunked_obj = chunked
+        cap.chunked = snapshot.chunked_row(chunked) if chunked is not None else None
+        cap.batch_is_full_in = bool(running_batch.batch_is_full) if running_batch is not None else False
+        cap.kv = snapshot.kv_row(scheduler)
+        cap.req_slots_free = scheduler.req_to_token_pool.available_size()
+        cap.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
+        cap.chunked_prefill_size = snapshot.effective_chunk_size(scheduler)
+        self.capture = cap
+        return cap
+
+    def end_pass(self, scheduler: Any, cap: _PassCapture, result: Any, error: BaseException | None) -> None:
+        self.capture = None
+        dur = self.now() - cap.t_ns
+        new_chunked = scheduler.chunked_req
+        new_chunked_rid = (
+            new_chunked.rid if new_chunked is not None and new_chunked is not cap.chunked_obj else None
+        )
+        batch_is_full_out = False
+        if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
+            batch_is_full_out = bool(result[1].batch_is_full)
+        error_text = f"{type(error).__name__}: {error}"[:500] if error is not None else None
+        record = Pass(
+            0, cap.t_ns, dur, 1, 0,
+            cap.waiting, cap.running, cap.chunked, cap.batch_is_full_in, cap.kv,
+            cap.req_slots_free, cap.new_token_ratio, cap.chunked_prefill_size,
+            cap.candidates, cap.admitted, cap.chunk, new_chunked_rid, batch_is_full_out, error_text,
+        )
+        foldable = not cap.admitted and cap.chunk is None and new_chunked_rid is None and not cap.events
+        key = None
+        if foldable:
+            key = (
+                cap.waiting, cap.running, cap.chunked, cap.batch_is_full_in, cap.kv,
+                cap.req_slots_free, cap.new_token_ratio, cap.chunked_prefill_size,
+                cap.candidates, batch_is_full_out, error_text,
+            )
+        self._emit_pass(record, foldable, key)
+        for event in cap.events:
+            self._emit(event)
+
+    # --- events ---
+
+    def on_arrival(self, req: Any, is_retracted: bool) -> None:
+        rid = req.rid
+        if is_retracted:
+            self._emit(Retract(self.now(), rid, len(req.output_ids)))
+            return
+        if rid in self._live_rids:  # requeued after preemption: not a new arrival
+            return
+        self._live_rids.add(rid)
+        params = req.sampling_params
+        self._emit(Arrival(
+            self.now(), rid, len(req.origin_input_ids), params.max_new_tokens,
+            req.priority, bool(params.ignore_eos),
+        ))
+
+    def on_finish(self, req: Any, reason: str | None = None) -> None:
+        rid = req.rid
+        if rid not in self._live_rids:
+            return
+        self._live_rids.discard(rid)
+        self._emit(Finish(self.now(), rid, len(req.output_ids), reason or snapshot.finish_reason(req)))
+
+    def on_abort(self, rid: str) -> None:
+        self._emit(Abort(self.now(), rid))
+
+    def on_alloc(self, op: str, requested: int, available: int, ok: bool) -> None:
+        scheduler = self.scheduler
+        evictable = snapshot.evictable_tokens(scheduler) if scheduler is not None else 0
+        self._emit(Alloc(self.now(), -1, op, int(requested), int(available), int(evictable), ok))
+
+    def on_aiter(self, record: Aiter) -> None:
+        self._emit(record)
+
+
+# --- hooks ------------------------------------------------------------------
+
+SCHED = "sglang.srt.managers.scheduler.Scheduler"
+ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+BUDGET_MODULE = "sglang.srt.mem_cache.prefill_budget"
+ALLOC_MODULE = "sglang.srt.mem_cache.allocator"
+AITER_TARGET = "sglang.srt.models.deepseek_common.attention_backend_handler.handle_attention_aiter"
+
+# Allocator classes whose own methods the scheduler calls (page_size 1 ->
+# TokenToKVPoolAllocator.alloc; paged -> alloc_extend/alloc_decode; SWA pools).
+ALLOCATOR_METHODS: tuple[tuple[str, str], ...] = (
+    ("token.TokenToKVPoolAllocator", "alloc"),
+    ("paged.PagedTokenToKVPoolAllocator", "alloc"),
+    ("paged.PagedTokenToKVPoolAllocator", "alloc_extend"),
+    ("paged.PagedTokenToKVPoolAllocator", "alloc_decode"),
+    ("swa.SWATokenToKVPoolAllocator", "alloc"),
+    ("swa.SWATokenToKVPoolAllocator", "alloc_extend"),
+    ("swa.SWATokenToKVPoolAllocator", "alloc_decode"),
+)
+BUDGET_CLASSES = ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")
+
+
+def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
+    """(dotted target, AROUND hook) pairs for every hook point of ``rec``."""
+    hook_failed = rec.hook_failed
+
+    def pass_hook(original, scheduler, *args, **kwargs):
+        # Idle check first: most passes are idle and must cost next to nothing.
+        if not scheduler.waiting_queue and scheduler.chunked_req is None:
+            rec.idle += 1
+            return original(scheduler, *args, **kwargs)
+        try:
+            running_batch = kwargs["running_batch"] if "running_batch" in kwargs else args[1]
+            cap = rec.begin_pass(scheduler, running_batch)
+        except Exception as exc:
+            rec.capture = None
+            hook_failed("pass", exc)
+            return original(scheduler, *args, **kwargs)
+        try:
+            result = original(scheduler, *args, **kwargs)
+        except BaseException as exc:
+            try:
+                rec.end_pass(scheduler, cap, None, exc)
+            except Exception as hook_exc:
+                hook_failed("pass", hook_exc)
+            raise
+        try:
+            rec.end_pass(scheduler, cap, result, None)
+        except Exception as exc:
+            rec.capture = None
+            hook_failed("pass", exc)
+        return result
+
+    def add_one_req_hook(original, adder, req, *args, **kwargs):
+        cap = rec.capture
+        if cap is None:
+            return original(adder, req, *args, **kwargs)
+        try:
+            before = len(adder.can_run_list)
+            prefix_len = req.prefix_len
+        except Exception as exc:
+            hook_failed("add_one_req", exc)
+            return original(adder, req, *args, **kwargs)
+        result = original(adder, req, *args, **kwargs)
+        try:
+            run_list = adder.can_run_list
+            added = len(run_list) > before and run_list[-1] is req
+            if added:
+                prefix_len = req.prefix_len
+                extend = req.extend_len
+                cap.admitted.append(Admitted(req.rid, prefix_len, extend))
+            else:
+                extend = 0
+            cap.candidates.append(Candidate(req.rid, prefix_len, extend, getattr(result, "name", str(result))))
+        except Exception as exc:
+            hook_failed("add_one_req", exc)
+        return result
+
+    def add_chunked_req_hook(original, adder, req, *args, **kwargs):
+        cap = rec.capture
+        if cap is None:
+            return original(adder, req, *args, **kwargs)
+        try:
+            before = len(adder.can_run_list)
+            cap.in_chunk = True
+            cap.budget = None
+        except Exception as exc:
+            hook_failed("add_chunked_req", exc)
+            return original(adder, req, *args, **kwargs)
+        try:
+            result = original(adder, req, *args, **kwargs)
+        finally:
+            cap.in_chunk = False
+        try:
+            run_list = adder.can_run_list
+            ran = len(run_list) > before and run_list[-1] is req
+            size = req.extend_len if ran else None
+            cap.chunk = ChunkOutcome(req.rid, cap.budget, size)
+            if ran:
+                cap.admitted.append(Admitted(req.rid, req.prefix_len, size))
+        except Exception as exc:
+            hook_failed("add_chunked_req", exc)
+        return result
+
+    def chunk_budget_hook(original, budget, *args, **kwargs):
+        result = original(budget, *args, **kwargs)
+        cap = rec.capture
+        if cap is not None and cap.in_chunk:
+            cap.budget = result  # nested super() calls: the outermost result lands last
+        return result
+
+    def make_alloc_hook(op: str, requested_of: Callable[[tuple, dict], int]):
+        def alloc_hook(original, allocator, *args, **kwargs):
+            if rec._in_alloc:  # composite allocators call their sub-allocators
+                return original(allocator, *args, **kwargs)
+            try:
+                requested = requested_of(args, kwargs)
+                available = allocator.available_size()
+            except Exception as exc:
+                hook_failed(op, exc)
+                return original(allocator, *args, **kwargs)
+            rec._in_alloc = True
+            try:
+                result = original(allocator, *args, **kwargs)
+            finally:
+                rec._in_alloc = False
+            try:
+                rec.on_alloc(op, requested, available, result is not None)
+            except Exception as exc:
+                hook_failed(op, exc)
+            return result
+
+        return alloc_hook
+
+    def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+        return kwargs[name] if name in kwargs else args[index]
+
+    alloc_requested = {
+        "alloc": lambda a, k: _arg(a, k, 0, "need_size"),
+        "alloc_extend": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
+        "alloc_decode": lambda a, k: len(_arg(a, k, 0, "seq_lens")),
+    }
+
+    def init_hook(original, scheduler, *args, **kwargs):
+        result = original(scheduler, *args, **kwargs)
+        try:
+            rec.attach(scheduler)
+            on_scheduler_ready(rec)
+        except Exception as exc:
+            hook_failed("scheduler_init", exc)
+        return result
+
+    def event_loop_hook(original, scheduler, *args, **kwargs):
+        try:
+            return original(scheduler, *args, **kwargs)
+        finally:
+            try:
+                rec.close()
+            except Exception as exc:
+                logger.warning("schedtrace: closing the trace failed: %r", exc)
+
+    def add_to_queue_hook(original, scheduler, req, *args, **kwargs):
+        result = original(scheduler, req, *args, **kwargs)
+        try:
+            if rec.scheduler is None:
+                rec.attach(scheduler)
+            is_retracted = kwargs["is_retracted"] if "is_retracted" in kwargs else (args[0] if args else False)
+            rec.on_arrival(req, bool(is_retracted))
+        except Exception as exc:
+            hook_failed("arrival", exc)
+        return result
+
+    def stream_output_hook(original, streamer, reqs, *args, **kwargs):
+        try:
+            finishing = [r for r in reqs if r.finished_reason is not None and not r.finished_output]
+        except Exception as exc:
+            hook_failed("finish", exc)
+            return original(streamer, reqs, *args, **kwargs)
+        result = original(streamer, reqs, *args, **kwargs)
+        if finishing:
+            try:
+                for req in finishing:
+                    if req.finished_output:
+                        rec.on_finish(req)
+            except Exception as exc:
+                hook_failed("finish", exc)
+        return result
+
+    def send_abort_output_hook(original, scheduler, abort_req, req, *args, **kwargs):
+        result = original(scheduler, abort_req, req, *args, **kwargs)
+        try:
+            rec.on_finish(req, "abort")
+        except Exception as exc:
+            hook_failed("finish", exc)
+        return result
+
+    def abort_request_hook(original, scheduler, recv_req, *args, **kwargs):
+        try:
+            rid = recv_req.rid if not getattr(recv_req, "abort_all", False) else "*"
+            rec.on_abort(str(rid))
+        except Exception as exc:
+            hook_failed("abort", exc)
+        return original(scheduler, recv_req, *args, **kwargs)
+
+    def aiter_hook(original, attn, forward_batch, *args, **kwargs):
+        method = original(attn, forward_batch, *args, **kwargs)
+        try:
+            rec.on_aiter(aiter_record(rec.now(), forward_batch, method))
+        except Exception as exc:
+            hook_failed("aiter", exc)
+        return method
+
+    hooks: list[tuple[str, Callable[..., Any]]] = [
+        (f"{SCHED}._get_new_batch_prefill_raw", pass_hook),
+        (f"{SCHED}.__init__", init_hook),
+        (f"{SCHED}.run_event_loop", event_loop_hook),
+        (f"{SCHED}._add_request_to_queue", add_to_queue_hook),
+        (f"{SCHED}.send_abort_output", send_abort_output_hook),
+        (f"{SCHED}.abort_request", abort_request_hook),
+        ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output", stream_output_hook),
+        (f"{ADDER}.add_one_req", add_one_req_hook),
+        (f"{ADDER}.add_chunked_req", add_chunked_req_hook),
+        *[(f"{BUDGET_MODULE}.{cls}.available_chunk_tokens", chunk_budget_hook) for cls in BUDGET_CLASSES],
+        *[
+            (f"{ALLOC_MODULE}.{cls}.{method}", make_alloc_hook(method, alloc_requested[method]))
+            for cls, method in ALLOCATOR_METHODS
+        ],
+        (AITER_TARGET, aiter_hook),
+    ]
+    return hooks
+
+
+def aiter_record(t_ns: int, forward_batch: Any, method: Any) -> Aiter:
+    """The inputs ``handle_attention_aiter`` decided on, and what it chose."""
+    import sglang.srt.models.deepseek_common.attention_backend_handler as handler
+
+    seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+    seq_lens_sum = int(sum(seq_lens_cpu)) if seq_lens_cpu is not None else int(getattr(forward_batch, "seq_lens_sum", 0) or 0)
+    return Aiter(
+        t_ns,
+        getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode)),
+        seq_lens_sum,
+        int(forward_batch.get_max_chunk_capacity()),
+        bool(handler.is_in_tc_piecewise_cuda_graph()),
+        bool(handler.is_in_breakable_cuda_graph()),
+        getattr(method, "name", str(method)),
+    )
+
+
+def on_scheduler_ready(rec: Recorder) -> None:
+    """Scheduler process only: route the aiter registry to the hook, close at exit."""
+    import atexit
+    import signal
+    import sys
+
+    handler = sys.modules.get("sglang.srt.models.deepseek_common.attention_backend_handler")
+    if handler is not None:
+        # The registry captured the function at import; point it at the wrapper.
+        wrapped = handler.handle_attention_aiter
+        registry = handler.AttentionBackendRegistry._handlers
+        for name, fn in list(registry.items()):
+            if fn is not wrapped and fn is getattr(wrapped, "__wrapped__", None):
+                registry[name] = wrapped
+    atexit.register(rec.close)
+    # A plain SIGTERM (how servers are stopped) would skip atexit: close first.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def on_sigterm(signum, frame):
+            try:
+                rec.close()
+            finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)

@@ -1,0 +1,176 @@
+"""Pure functions: live sglang objects -> schema rows.
+
+Each function reads plain ints and strings off the objects it is given and
+returns a ``tracer.schema`` row; none of them mutate sglang state. They run in
+the scheduler thread on every non-idle pass, so they stay small: attribute
+loads, ``len()`` and one Struct constructor per row. Lengths and counts only,
+never token ids or text.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import socket
+from typing import Any
+
+from tracer.schema import (
+    SCHEMA_VERSION,
+    ChunkedReq,
+    Header,
+    KvSnapshot,
+    RunningReq,
+    ServerArgs,
+    WaitingReq,
+)
+
+
+def waiting_row(req: Any) -> WaitingReq:
+    params = req.sampling_params
+    return WaitingReq(
+        req.rid,
+        len(req.origin_input_ids),
+        len(req.output_ids),
+        params.max_new_tokens,
+        req.prefix_len,
+        req.priority,
+        bool(params.ignore_eos),
+    )
+
+
+def running_row(req: Any) -> RunningReq:
+    params = req.sampling_params
+    return RunningReq(
+        req.rid,
+        len(req.origin_input_ids),
+        len(req.output_ids),
+        params.max_new_tokens,
+        bool(params.ignore_eos),
+    )
+
+
+def chunked_row(req: Any) -> ChunkedReq:
+    params = req.sampling_params
+    return ChunkedReq(
+        req.rid,
+        len(req.origin_input_ids),
+        req.prefix_len,
+        params.max_new_tokens,
+        len(req.output_ids),
+        bool(params.ignore_eos),
+    )
+
+
+def kv_row(scheduler: Any) -> KvSnapshot:
+    """Free and evictable tokens of every pool the scheduler has."""
+    allocator = scheduler.token_to_kv_pool_allocator
+    tree_cache = scheduler.tree_cache
+    if getattr(scheduler, "is_hybrid_swa", False):
+        full_available = _call(allocator, "full_available_size", allocator.available_size)
+        swa_available = _call(allocator, "swa_available_size", None)
+        full_evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
+        swa_evictable = _call(tree_cache, "swa_evictable_size", None)
+        kv = KvSnapshot(full_available, full_evictable, swa_available, swa_evictable)
+    elif tree_cache.supports_mamba():
+        kv = KvSnapshot(allocator.available_size(), tree_cache.full_evictable_size())
+    else:
+        kv = KvSnapshot(allocator.available_size(), tree_cache.evictable_size())
+    mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
+    if mamba_allocator is not None:
+        kv.mamba_available = mamba_allocator.available_size()
+        kv.mamba_evictable = _call(tree_cache, "mamba_evictable_size", None)
+    return kv
+
+
+def evictable_tokens(scheduler: Any) -> int:
+    """What the radix cache could evict from the full pool right now."""
+    tree_cache = scheduler.tree_cache
+    if tree_cache.supports_mamba():
+        return tree_cache.full_evictable_size()
+    return tree_cache.evictable_size()
+
+
+def effective_chunk_size(scheduler: Any) -> int | None:
+    """The chunked_prefill_size the pass will use (dynamic sizer included)."""
+    size = scheduler.chunked_prefill_size
+    chunked = scheduler.chunked_req
+    sizer = getattr(scheduler, "dynamic_chunk_sizer", None)
+    if chunked is not None and sizer is not None:
+        predicted = sizer.predict(chunked.prefix_len)
+        if predicted is not None:
+            size = predicted
+    return size
+
+
+def finish_reason(req: Any) -> str:
+    """The finish type as sglang reports it ("length", "stop", "abort", ...)."""
+    reason = req.finished_reason
+    if reason is None:
+        return "unknown"
+    try:
+        kind = reason.to_json().get("type")
+    except Exception:  # a reason class without to_json: fall back to its name
+        kind = None
+    return str(kind) if kind else type(reason).__name__
+
+
+def server_args_row(args: Any) -> ServerArgs:
+    return ServerArgs(
+        schedule_policy=str(getattr(args, "schedule_policy", "")),
+        chunked_prefill_size=getattr(args, "chunked_prefill_size", None),
+        max_prefill_tokens=int(getattr(args, "max_prefill_tokens", 0) or 0),
+        page_size=int(getattr(args, "page_size", 1) or 1),
+        max_running_requests=getattr(args, "max_running_requests", None),
+        max_total_tokens=getattr(args, "max_total_tokens", None),
+        attention_backend=getattr(args, "attention_backend", None),
+        model_path=str(getattr(args, "model_path", "")),
+        enable_mixed_chunk=bool(getattr(args, "enable_mixed_chunk", False)),
+        enable_priority_scheduling=bool(getattr(args, "enable_priority_scheduling", False)),
+        disable_radix_cache=bool(getattr(args, "disable_radix_cache", False)),
+        schedule_conservativeness=float(getattr(args, "schedule_conservativeness", 1.0)),
+    )
+
+
+def scheduler_ranks(scheduler: Any) -> tuple[int, int | None]:
+    """(tp_rank, dp_rank) of the scheduler's process."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        return int(parallel.tp_rank), parallel.dp_rank
+    except Exception:  # runtime context not published (unit use): fall back
+        return int(getattr(scheduler, "tp_rank", 0) or 0), getattr(scheduler, "dp_rank", None)
+
+
+def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pass: int) -> Header:
+    tp_rank, dp_rank = scheduler_ranks(scheduler)
+    req_pool = getattr(scheduler, "req_to_token_pool", None)
+    return Header(
+        schema_version=SCHEMA_VERSION,
+        sglang_version=_version("sglang"),
+        schedtrace_version=_version("schedtrace"),
+        host=socket.gethostname(),
+        pid=pid,
+        tp_rank=tp_rank,
+        dp_rank=dp_rank,
+        start_wall_ns=start_wall_ns,
+        server_args=server_args_row(scheduler.server_args),
+        part=part,
+        first_pass=first_pass,
+        max_req_slots=int(getattr(req_pool, "size", 0) or 0),
+        is_hybrid_swa=bool(getattr(scheduler, "is_hybrid_swa", False)),
+        is_hybrid_mamba=getattr(req_pool, "mamba_allocator", None) is not None,
+    )
+
+
+def _call(obj: Any, name: str, fallback: Any) -> Any:
+    method = getattr(obj, name, None)
+    if method is not None:
+        return method()
+    return fallback() if callable(fallback) else fallback
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,132 @@
+"""The timeline: one sparkline per series over every pass, with event marks.
+
+Series are max-downsampled into one bucket per terminal column (peaks stay
+visible); the app computes the buckets in a worker and hands them over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.events import Click, Resize
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+from tui.model import SERIES, bucket_of, pass_of_bucket, sparkline
+
+LABELS = {"waiting": "queue", "running": "running", "kv_free": "kv free", "kv_evictable": "kv evict",
+          "chunk": "chunk"}
+COLORS = {"waiting": "yellow", "running": "green", "kv_free": "blue", "kv_evictable": "cyan", "chunk": "magenta"}
+LABEL_WIDTH = 9
+MARK_STYLES = {"◆": Style(color="bright_magenta", bold=True), "✖": Style(color="red", bold=True),
+               "▬": Style(color="yellow", bold=True)}
+
+
+@dataclass
+class TimelineData:
+    passes: int
+    buckets: int
+    series: dict[str, list[int]]
+    peaks: dict[str, int]
+    marks: str  # one character per bucket: "◆" divergence, "✖" error, "▬" stall, " " nothing
+
+
+class Timeline(Widget, can_focus=True):
+    BINDINGS = [
+        Binding("left", "step(-1)", "Earlier", show=False),
+        Binding("right", "step(1)", "Later", show=False),
+    ]
+    DEFAULT_CSS = """
+    Timeline { height: 7; border-bottom: solid $primary-darken-2; }
+    """
+
+    @dataclass
+    class Selected(Message):
+        pass_no: int
+
+    @dataclass
+    class Resized(Message):
+        buckets: int
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.data: TimelineData | None = None
+        self.status = "scanning trace…"
+        self.selected = 0
+
+    @property
+    def buckets(self) -> int:
+        return max(self.size.width - LABEL_WIDTH - 8, 1)
+
+    def set_data(self, data: TimelineData) -> None:
+        self.data = data
+        self.refresh()
+
+    def set_status(self, text: str) -> None:
+        self.status = text
+        self.refresh()
+
+    def select(self, pass_no: int) -> None:
+        self.selected = pass_no
+        self.refresh()
+
+    def on_resize(self, event: Resize) -> None:
+        self.post_message(self.Resized(self.buckets))
+
+    def _cursor_bucket(self) -> int | None:
+        if self.data is None or not self.data.passes:
+            return None
+        return bucket_of(self.selected, 0, self.data.passes, self.data.buckets)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        data = self.data
+        rows = len(SERIES)
+        if data is None or data.buckets == 0:
+            text = self.status if y == rows // 2 else ""
+            return Strip([Segment(text[:width], Style(dim=True))]).extend_cell_length(width)
+        cursor = self._cursor_bucket()
+        if y < rows:
+            name = SERIES[y]
+            values = data.series[name]
+            body = sparkline(values, data.peaks[name] or None)
+            style = Style(color=COLORS[name])
+            label = LABELS[name]
+            peak = f" {data.peaks[name]:>6}"
+        elif y == rows:
+            name, body, style, label, peak = "", data.marks, Style(), "events", ""
+        else:
+            return Strip.blank(width)
+        segments = [Segment(f"{label:<{LABEL_WIDTH}}", Style(bold=True))]
+        for i, ch in enumerate(body):
+            cell_style = MARK_STYLES.get(ch, Style()) if not name else style
+            if i == cursor:
+                cell_style = cell_style + Style(reverse=True)
+                ch = ch if ch != " " else "│"
+            segments.append(Segment(ch, cell_style))
+        segments.append(Segment(peak, Style(dim=True)))
+        return Strip(segments).extend_cell_length(width).crop(0, width)
+
+    def on_click(self, event: Click) -> None:
+        if self.data is None or not self.data.passes:
+            return
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        bucket = offset.x - LABEL_WIDTH
+        if 0 <= bucket < self.data.buckets:
+            self.post_message(self.Selected(pass_of_bucket(bucket, 0, self.data.passes, self.data.buckets)))
+
+    def action_step(self, delta: int) -> None:
+        cursor = self._cursor_bucket()
+        if cursor is None or self.data is None:
+            return
+        bucket = max(0, min(cursor + delta, self.data.buckets - 1))
+        target = pass_of_bucket(bucket, 0, self.data.passes, self.data.buckets)
+        if target == self.selected:
+            target = max(0, min(self.selected + delta, self.data.passes - 1))
+        self.post_message(self.Selected(target))
