@@ -35,7 +35,7 @@ from typing import Final
 
 import msgspec
 
-from replay.closed_loop import ArmRun, LoopInput, load_input, run_arm
+from replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
 from replay.differ import divergence_kinds
 from replay.report import Decision, Stall
 from replay.stalls import DEFAULT_MIN_PASSES
@@ -106,12 +106,15 @@ class _ClosedLoops:
         self.driver = driver
         self.stall_passes = stall_passes
         self.max_passes = max_passes
+        self._scan: TraceScan | None = None
         self._inputs: dict[int, LoopInput] = {}
         self._runs: dict[tuple[int, str, int | None], ArmRun] = {}
 
     def loop_input(self, from_pass: int) -> LoopInput:
+        if self._scan is None:
+            self._scan = scan_trace(self.reader)
         if from_pass not in self._inputs:
-            self._inputs[from_pass] = load_input(self.reader, from_pass)
+            self._inputs[from_pass] = load_input(self.reader, from_pass, self._scan)
         return self._inputs[from_pass]
 
     def run(self, from_pass: int, variant: str, horizon: int | None = None) -> ArmRun:
@@ -164,7 +167,7 @@ def _windows(stalls: list[Stall]) -> list[tuple[int, Stall]]:
     return out
 
 
-def _open_loop_findings(path, reader: TraceReader, loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
+def _open_loop_findings(path: str | os.PathLike[str], loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
     from replay.engine import replay_trace
 
     report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes)
@@ -237,7 +240,7 @@ def run_bisect(
     check_variants(STOCK, FIXED)
     with TraceReader(path) as reader:
         loops = _ClosedLoops(reader, PassDriver(reader.header), stall_passes, max_passes)
-        open_findings = _open_loop_findings(path, reader, loops, fixes) if OPEN_LOOP in modes else []
+        open_findings = _open_loop_findings(path, loops, fixes) if OPEN_LOOP in modes else []
         closed_findings = _closed_loop_findings(loops, from_pass, fixes) if CLOSED_LOOP in modes else []
         trace_version = reader.header.sglang_version
     return BisectReport(

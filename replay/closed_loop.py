@@ -110,46 +110,56 @@ class LoopInput:
         return not self.header.server_args.disable_radix_cache
 
 
-def load_input(reader: TraceReader, from_pass: int = 0) -> LoopInput:
-    """Scan the trace once: pass clock, arrivals, recorded output lengths, the start state."""
-    count = reader.pass_count
-    if count == 0:
-        raise ReplayStateError(f"{reader.path}: the trace has no pass records to start a closed loop from")
-    if not 0 <= from_pass < count:
-        raise UsageError(f"--from {from_pass}: the trace has passes 0..{count - 1}")
+@dataclass
+class TraceScan:
+    """What one scan of the trace gives every closed loop, whatever its start."""
+
+    points: list[tuple[int, int]]  # (scheduler pass number, t_ns) of each pass record
+    arrivals: list[Arrival]
+    targets: dict[str, int]  # rid -> recorded output length
+    clock: PassClock
+
+
+def scan_trace(reader: TraceReader) -> TraceScan:
+    """The pass clock (idle and folded passes counted), arrivals and output lengths."""
     points: list[tuple[int, int]] = []
     arrivals: list[Arrival] = []
     targets: dict[str, int] = {}
     iteration = 0
-    start: Pass | None = None
-    start_iteration = 0
     for _, record in reader.records():
         if isinstance(record, Pass):
             iteration += max(record.idle_before, 0)
-            if len(points) == from_pass:
-                start, start_iteration = record, iteration
             points.append((iteration, record.t_ns))
             iteration += max(record.repeat, 1)
         elif isinstance(record, Arrival):
             arrivals.append(record)
         elif isinstance(record, Finish):
             targets[record.rid] = record.output_len
-    if start is None:  # the index and the scan disagree only on a torn file
-        start = reader.pass_at(from_pass)
-        start_iteration = points[-1][0] if points else 0
-    clock = PassClock(points)
-    start = replay_inputs(start)
-    initial = initial_state(start, targets)
+    return TraceScan(points=points, arrivals=arrivals, targets=targets, clock=PassClock(points))
+
+
+def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None = None) -> LoopInput:
+    """The closed loop's start: the recorded state at ``from_pass`` and what comes after."""
+    count = reader.pass_count
+    if count == 0:
+        raise ReplayStateError(f"{reader.path}: the trace has no pass records to start a closed loop from")
+    if not 0 <= from_pass < count:
+        raise UsageError(f"--from {from_pass}: the trace has passes 0..{count - 1}")
+    scan = scan if scan is not None else scan_trace(reader)
+    start = replay_inputs(reader.pass_at(from_pass))
+    # The index and the scan disagree only on a torn file: then the last point.
+    start_iteration = scan.points[min(from_pass, len(scan.points) - 1)][0] if scan.points else 0
+    initial = initial_state(start, scan.targets)
     known = {r.rid for r in (*initial.waiting, *initial.running)}
     if initial.chunked is not None:
         known.add(initial.chunked.rid)
     future: list[tuple[int, LoopReq]] = []
-    for event in arrivals:
+    for event in scan.arrivals:
         if event.rid in known or event.t_ns <= start.t_ns:
             continue  # already in the start state, or done with before it
         known.add(event.rid)
-        step = max(1, clock.iteration_at(event.t_ns) - start_iteration)
-        future.append((step, _arrival_req(event, targets)))
+        step = max(1, scan.clock.iteration_at(event.t_ns) - start_iteration)
+        future.append((step, _arrival_req(event, scan.targets)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
     return LoopInput(
         header=reader.header,
@@ -157,7 +167,7 @@ def load_input(reader: TraceReader, from_pass: int = 0) -> LoopInput:
         start=start,
         initial=initial,
         arrivals=future,
-        clock=clock,
+        clock=scan.clock,
         start_iteration=start_iteration,
         recorded_passes=count,
     )

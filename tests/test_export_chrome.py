@@ -8,10 +8,10 @@ from collections import Counter, defaultdict
 import pytest
 
 from bench.gen_trace import generate
-from otel_support import run_cli, write_small_trace
+from otel_support import header, records, run_cli, write_small_trace
 from replay.report import load_report
 from tracer.export.chrome import COUNTERS, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
-from tracer.format import TraceReader
+from tracer.format import TraceReader, TraceWriter
 from tracer.schema import Alloc, Arrival, Finish, Pass
 
 PASSES = 10_500  # two planted stall windows, failed allocations, one raising pass
@@ -175,14 +175,19 @@ def test_corrupt_trace_exits_2_with_the_offset_and_leaves_no_output(tmp_path):
 
 def test_truncated_trace_exports_its_valid_prefix(tmp_path):
     trace = tmp_path / "cut.trace"
-    generate(trace, 400)
-    size = trace.stat().st_size
-    generate(trace, 400, truncate_to=size // 2)
+    writer = TraceWriter(trace, header())
+    writer.write_many(records())
+    writer.abandon()  # killed recorder: no footer ...
+    with open(trace, "r+b") as file:  # ... and a torn last record
+        file.truncate(trace.stat().st_size - 3)
     with TraceReader(trace) as reader:
         expected = reader.pass_count
-    doc = _export(trace, tmp_path / "out.json")
-    events = _check_trace_event_format(doc)
-    assert sum(1 for e in events if e["ph"] == "X") == expected > 0
+    out = tmp_path / "out.json"
+    done = run_cli("export", str(trace), "--format", "chrome", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "not closed cleanly" in done.stderr
+    events = _check_trace_event_format(json.loads(out.read_text()))
+    assert sum(1 for e in events if e["ph"] == "X") == expected == 4
 
 
 def test_missing_trace_and_bad_options_exit_2(tmp_path):

@@ -42,7 +42,8 @@ def test_tui_in_tmux(tmp_path):
     command = f"{SCHEDTRACE} tui {trace} --report {report_path}"
     _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "45", command)
     try:
-        pane = _wait_for(session, "divergences")
+        subprocess.run([TMUX, "resize-window", "-t", session, "-x", "160", "-y", "45"], capture_output=True)
+        pane = _wait_for(session, "replay stock")
         assert "tiny-llama" in pane and "passes 800" in pane
         _wait_for(session, "events")  # the timeline, once the scan is done
         _tmux("send-keys", "-t", session, "n")

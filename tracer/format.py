@@ -244,7 +244,7 @@ class TraceReader:
         limit = self.data_end
         self._file.seek(start)
         unpacker = msgpack.Unpacker(
-            self._file, max_buffer_size=self.max_record_bytes, read_size=1 << 20
+            self._file, max_buffer_size=self.max_record_bytes, read_size=min(1 << 20, self.max_record_bytes)
         )
         position = start
         while position < limit:

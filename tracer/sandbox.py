@@ -40,6 +40,11 @@ BASE_LAUNCH_ARGS: tuple[str, ...] = (
     "--dtype", "float32",
 )
 
+# sglang on CPU sizes the KV pool from free host memory (tens of millions of
+# tokens here); a fixed, roomy pool keeps the sandbox small. Placed before the
+# caller's arguments, which win because argparse keeps the last value.
+DEFAULT_POOL_ARGS: tuple[str, ...] = ("--max-total-tokens", "131072")
+
 # Few running slots, big chunks and a small KV pool: with ~48 concurrent
 # 1.5k-4.5k-token prompts the scheduler chunks prefills, runs near full token
 # usage and has to queue and retract. This is the load the demo traces.
@@ -105,6 +110,7 @@ def launch_command(port: int, extra_args: Sequence[str] = (), model_dir: Path = 
         *BASE_LAUNCH_ARGS,
         "--host", HOST,
         "--port", str(port),
+        *DEFAULT_POOL_ARGS,
         *extra_args,
     ]
 

@@ -73,7 +73,10 @@ def _export_chrome(reader, output: str | None, report, stall_passes: int) -> Non
 
 
 def _export_otlp(reader, endpoint: str | None, report, timeout_s: float) -> None:
-    from tracer.export.otlp import export_otlp, resolve_endpoint
+    try:
+        from tracer.export.otlp import export_otlp, resolve_endpoint
+    except ImportError as exc:  # the SDK and exporter are the optional "otel" extra
+        raise UsageError(f"--format otlp needs the OpenTelemetry SDK: pip install 'schedtrace[otel]' ({exc})") from None
 
     url = resolve_endpoint(endpoint)
     stats = export_otlp(reader, url, report, timeout_s=timeout_s)
