@@ -15,7 +15,9 @@ the file passes ``max_bytes``.
 
 Sinks: ``sinks`` is a list of callables ``sink(records: list[Record]) -> None``.
 Each receives every batch after it has been written, in file order, on the
-writer thread. A sink must not keep or mutate the records; whatever it raises
+writer thread; the first batch of each part starts with that part's
+``Header``. A sink with a ``close()`` method has it called once, after the
+final batch. A sink must not keep or mutate the records; whatever it raises
 is caught and counted (footer count ``sink_errors``, logged once per sink).
 """
 
@@ -106,7 +108,9 @@ class WriterThread:
     def _open_part(self) -> TraceWriter:
         path = part_path(self.directory, self.stem, self.part)
         self.paths.append(path)
-        return TraceWriter(path, self._make_header(self.part, self.next_pass_seq))
+        header = self._make_header(self.part, self.next_pass_seq)
+        self._unsent_header: Header | None = header  # sinks see it with the next batch
+        return TraceWriter(path, header)
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
@@ -153,19 +157,33 @@ class WriterThread:
             self.write_errors += len(batch)
             logger.error("schedtrace: cannot write %s: %s", self._writer.path, exc)
             return
-        for sink in self.sinks:
-            try:
-                sink(batch)
-            except Exception:
-                self.sink_errors += 1
-                if id(sink) not in self._sinks_failed:
-                    self._sinks_failed.add(id(sink))
-                    logger.exception("schedtrace: trace sink %r failed (counted, not retried)", sink)
+        if self.sinks:
+            header, self._unsent_header = self._unsent_header, None
+            self._feed_sinks([header, *batch] if header is not None else batch)
         if self._writer.size >= self.max_bytes:
             self._close_part()
             self.part += 1
             self._part_idle = self._part_lost = 0
             self._writer = self._open_part()
+
+    def _feed_sinks(self, batch: list[Record]) -> None:
+        for sink in self.sinks:
+            self._call_sink(sink, sink, batch)
+
+    def _call_sink(self, sink: Sink, fn: Callable[..., object], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self.sink_errors += 1
+            if id(sink) not in self._sinks_failed:
+                self._sinks_failed.add(id(sink))
+                logger.exception("schedtrace: trace sink %r failed (counted, not retried)", sink)
+
+    def _close_sinks(self) -> None:
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                self._call_sink(sink, close)
 
     def _footer_counts(self) -> dict[str, int]:
         counts = dict(self.extra_counts)
@@ -195,6 +213,7 @@ class WriterThread:
             self._drain_locked()
             self._close_part()
             self._closed = True
+        self._close_sinks()
 
     def abandon(self) -> None:
         """Stop without footer (tests: mimic a crash after the last write)."""
