@@ -128,12 +128,15 @@ class _ClosedLoops:
 
 
 def smallest_fix_set(
-    loops: _ClosedLoops, from_pass: int, target: Stall, fixes: list[str]
+    loops: _ClosedLoops, from_pass: int, target: Stall, fixes: list[str], last_end: int | None = None
 ) -> tuple[list[str] | None, list[str]]:
-    """The first subset whose closed loop has no stall overlapping ``target``."""
-    # A stall overlapping the target starts by its end and is N passes long
-    # by then: a run need not go further than that.
-    horizon = target.end_pass - from_pass + loops.stall_passes + 1
+    """The first subset whose closed loop has no stall overlapping ``target``.
+
+    A stall overlapping the target starts by its end and is a stall N passes
+    later: no run need go further. ``last_end`` (the end of the last stall to
+    be searched from the same start) lets one run per subset serve them all.
+    """
+    horizon = max(target.end_pass, last_end or 0) - from_pass + loops.stall_passes + 1
     tried: list[str] = []
     for subset in fix_subsets(fixes):
         variant = ",".join(subset)
@@ -200,6 +203,7 @@ def _open_loop_findings(path: str | os.PathLike[str], loops: _ClosedLoops, fixes
 def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str]) -> list[StallFinding]:
     stock_run = loops.run(from_pass, STOCK)
     findings = []
+    last_end = stock_run.stalls[-1].end_pass if stock_run.stalls else None
     for after, stall in _windows(stock_run.stalls):
         lo = from_pass if after is None else after
         steps = (
@@ -208,7 +212,7 @@ def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str])
             if lo <= p.seq <= stall.start_pass
         )
         diverged = first_divergence(steps)
-        fix_set, tried = smallest_fix_set(loops, from_pass, stall, fixes)
+        fix_set, tried = smallest_fix_set(loops, from_pass, stall, fixes, last_end)
         findings.append(
             StallFinding(
                 mode=CLOSED_LOOP, stall=stall, first_divergence=diverged,

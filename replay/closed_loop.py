@@ -24,9 +24,9 @@ import msgspec
 
 from replay.capture import replay_inputs
 from replay.loop_state import LoopReq, LoopState, apply_decision, to_pass, with_outputs
-from replay.stalls import DEFAULT_MIN_PASSES, find_stalls
 from replay.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
-from tracer.errors import ReplayStateError, SchedtraceError, UsageError
+from replay.stalls import DEFAULT_MIN_PASSES, find_stalls
+from tracer.errors import ReplayStateError, UsageError
 from tracer.format import TraceReader
 from tracer.schema import Arrival, Finish, Header, Pass
 
@@ -352,7 +352,7 @@ def run_arm(
         completed=completed,
         queue_peak=queue_peak,
         first_admission_passes={
-            rid: step - arrived[rid] for rid, step in sorted(first_admitted.items()) if rid in arrived
+            rid: at - arrived[rid] for rid, at in sorted(first_admitted.items()) if rid in arrived
         },
         passes=len(run.passes),
         stall_runs=run.stalls,
@@ -365,16 +365,11 @@ def run_arm(
 
 
 def _decide(driver, p: Pass, arm: str, state: LoopState) -> Decision:
+    """The arm's decision; an exception the real code raises comes back as ``error``."""
     if state.is_idle:
         # sglang's pass returns before touching anything when nothing can be admitted.
         return Decision(admitted=[], batch_is_full=state.batch_is_full)
-    try:
-        return driver.decide(p, arm)
-    except SchedtraceError:
-        raise
-    except Exception as exc:  # an arm that raises keeps going: this pass admits nothing
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return Decision(admitted=[], batch_is_full=state.batch_is_full, error=f"{type(exc).__name__}: {text}".rstrip(": "))
+    return driver.decide(p, arm)
 
 
 # ------------------------------------------------------------------ entry
@@ -408,9 +403,11 @@ def run_arms(
 ) -> dict[str, ArmRun]:
     """``run_arm`` for every arm, sharing one trace scan and one driver."""
     from replay.driver import PassDriver
+    from replay.engine import check_variants
 
     if not arms:
         raise UsageError("closed loop needs at least one arm")
+    check_variants(*arms)
     n = DEFAULT_MIN_PASSES if stall_passes is None else stall_passes
     if n < 1:
         raise UsageError(f"stall passes must be at least 1, got {n}")

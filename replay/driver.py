@@ -35,6 +35,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
 from replay.report import Decision
 from replay.state import (
     RecordedAllocator,
@@ -161,6 +163,7 @@ class PassDriver:
                 schedule_low_priority_values_first=False,
             )
         self.scheduler = self._new_scheduler()
+        self._running_cache: dict = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -217,12 +220,23 @@ class PassDriver:
         budget.available_chunk_tokens = available_chunk_tokens
         return adder
 
+    def _running_req(self, tokens: TokenSource, r) -> Any:
+        """Running requests are only read before admission ends, so one Req per
+        distinct row is reused across passes (building a Req dominates replay)."""
+        key = msgspec.structs.astuple(r)
+        req = self._running_cache.get(key)
+        if req is None:
+            if len(self._running_cache) > 4096:
+                self._running_cache.clear()
+            req = self._running_cache[key] = running_req(tokens, r)
+        return req
+
     def _load(self, p: Pass) -> tuple[list, Any, Any]:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
 
         tokens = TokenSource()
         waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
-        running = [running_req(tokens, r) for r in p.running]
+        running = [self._running_req(tokens, r) for r in p.running]
         chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
         batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
         self.allocator.available = p.kv.available

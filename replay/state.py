@@ -22,16 +22,20 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import (
+from replay.sglang_env import ensure_sglang_importable
+
+ensure_sglang_importable()
+
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     BasePrefixCache,
     DecLockRefResult,
     EvictResult,
     IncLockRefResult,
     MatchResult,
 )
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from tracer.errors import ReplayStateError
 from tracer.schema import ChunkedReq, RunningReq, WaitingReq

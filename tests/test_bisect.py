@@ -9,7 +9,13 @@ import pytest
 from replay.bisect import dump_bisect, fix_subsets, run_bisect
 from tracer.cli import main
 
-from test_closed_loop import FIRST_RUNNING_FINISH, LATCH_PASSES, latch_reproduction, mamba_chunk_grid, one_chunk_reproduction  # noqa: F401
+from loop_traces import (  # noqa: F401 (mamba_chunk_grid is a fixture)
+    FIRST_RUNNING_FINISH,
+    LATCH_PASSES,
+    latch_reproduction,
+    mamba_chunk_grid,
+    one_chunk_reproduction,
+)
 
 
 def test_subsets_smallest_first_then_name_order():

@@ -18,8 +18,12 @@ pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux not found: install it
 SCHEDTRACE = Path(sys.executable).with_name("schedtrace")
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run([TMUX, *args], check=True, capture_output=True, text=True, timeout=30).stdout
+SOCKET = f"schedtrace-test-{time.monotonic_ns()}"  # our own tmux server: no user config, no other sessions
+
+
+def _tmux(*args: str, check: bool = True) -> str:
+    return subprocess.run([TMUX, "-L", SOCKET, "-f", "/dev/null", *args], check=check, capture_output=True,
+                          text=True, timeout=30).stdout
 
 
 def _wait_for(session: str, text: str, deadline_s: float = 60.0) -> str:
@@ -42,7 +46,6 @@ def test_tui_in_tmux(tmp_path):
     command = f"{SCHEDTRACE} tui {trace} --report {report_path}"
     _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "45", command)
     try:
-        subprocess.run([TMUX, "resize-window", "-t", session, "-x", "160", "-y", "45"], capture_output=True)
         pane = _wait_for(session, "replay stock")
         assert "tiny-llama" in pane and "passes 800" in pane
         _wait_for(session, "events")  # the timeline, once the scan is done
@@ -55,9 +58,9 @@ def test_tui_in_tmux(tmp_path):
         _wait_for(session, "Pass 421 ")
         _tmux("send-keys", "-t", session, "q")
         end = time.monotonic() + 30
-        while time.monotonic() < end and session in _tmux("list-sessions", "-F", "#{session_name}"):
+        while time.monotonic() < end and session in _tmux("list-sessions", "-F", "#{session_name}", check=False):
             time.sleep(0.2)
+        quit_cleanly = session not in _tmux("list-sessions", "-F", "#{session_name}", check=False)
     finally:
-        subprocess.run([TMUX, "kill-session", "-t", session], capture_output=True, timeout=30)
-    assert session not in subprocess.run([TMUX, "list-sessions", "-F", "#{session_name}"],
-                                         capture_output=True, text=True).stdout, "q did not quit"
+        _tmux("kill-server", check=False)
+    assert quit_cleanly, "q did not quit"

@@ -208,6 +208,20 @@ class TraceReader:
         for n in range(max(start, 0), stop):
             yield self.pass_at(n)
 
+    def record_at(self, offset: int) -> Record | None:
+        """The record starting at ``offset`` (None for an unknown tag)."""
+        return self._decode(offset, self._frame_end(offset))
+
+    def release_pages(self, upto: int) -> None:
+        """Drop the mapped pages before ``upto`` from our resident memory.
+
+        A full scan touches every page of the map; the kernel keeps them
+        charged to this process until told they are not needed.
+        """
+        length = min(upto, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if length > 0 and self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED, 0, length)
+
     @property
     def pass_count(self) -> int:
         return len(self.pass_offsets)
@@ -217,7 +231,7 @@ class TraceReader:
         if not 0 <= n < len(offsets):
             raise IndexError(f"pass {n} out of range (trace has {len(offsets)})")
         offset = offsets[n]
-        record = self._decode(offset, self._frame_end(offset))
+        record = self.record_at(offset)
         if not isinstance(record, Pass):
             raise TraceFormatError(self.path, offset, f"index entry {n} does not point at a pass record")
         return record

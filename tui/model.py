@@ -181,7 +181,7 @@ def header_lines(header: Header, *, pass_count: int, duration_ns: int | None, lo
 SERIES: Final = ("waiting", "running", "kv_free", "kv_evictable", "chunk")
 
 
-@dataclass
+@dataclass(slots=True)
 class RidSpan:
     first_pass: int
     last_pass: int
@@ -264,6 +264,11 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
                 if record.chunked is not None:
                     _touch(rids, record.chunked.rid, n)
                 if n % every == 0:
+                    # Drop the mapped pages already read, so a big scan does not count the
+                    # whole file in our RSS (needs TraceReader.release_pages; see the report).
+                    release = getattr(reader, "release_pages", None)
+                    if release is not None:
+                        release(offset)
                     if on_progress is not None:
                         on_progress(offset, size)
                     if cancelled():
