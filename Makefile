@@ -10,6 +10,8 @@ OUT    ?= out
 install: $(VENV)/.schedtrace-installed
 
 $(VENV)/.schedtrace-installed: pyproject.toml
+	command -v tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux; } \
+	  || echo "tmux could not be installed: the terminal test will skip"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
