@@ -33,7 +33,8 @@ def run_subcommand(args: list[str]) -> bool | None:
 
     module = COMMANDS.get(args[0], "").partition(":")[0]
     try:
-        cli.main(args, prog_name="schedtrace", standalone_mode=False)
+        # Without standalone mode click returns a command's ctx.exit(code).
+        returned = cli.main(args, prog_name="schedtrace", standalone_mode=False)
     except ModuleNotFoundError as exc:
         if module and exc.name and module.startswith(exc.name):
             click.echo(f"(`schedtrace {args[0]}` is not available in this build: {exc})")
@@ -47,7 +48,7 @@ def run_subcommand(args: list[str]) -> bool | None:
         return False
     except click.exceptions.Exit as exc:
         return exc.exit_code == 0
-    return True
+    return not (isinstance(returned, int) and returned != 0)
 
 
 @click.command("demo")

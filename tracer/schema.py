@@ -63,6 +63,9 @@ class Header(_Record, tag="header"):
     max_req_slots: int = 0  # req_to_token_pool size
     is_hybrid_swa: bool = False
     is_hybrid_mamba: bool = False
+    # Grid a truncated prefill cut lands on (sglang's mamba_prefill_chunk_grid():
+    # > 1 only with DCP and the mamba extra buffer); 1 leaves cuts alone.
+    mamba_chunk_grid: int = 1
 
 
 # --- pass (one scheduling pass that could admit work) -------------------------
@@ -86,7 +89,7 @@ class WaitingReq(_Row):
     input_len: int
     output_len: int  # > 0 only for retracted requests
     max_new_tokens: int
-    prefix_len: int  # prefix match this pass (candidates) or last known
+    prefix_len: int  # as known at pass entry; Candidate.prefix_len has this pass's match
     priority: int | None = None
     ignore_eos: bool = False
 

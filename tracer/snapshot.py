@@ -159,7 +159,17 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
         max_req_slots=int(getattr(req_pool, "size", 0) or 0),
         is_hybrid_swa=bool(getattr(scheduler, "is_hybrid_swa", False)),
         is_hybrid_mamba=getattr(req_pool, "mamba_allocator", None) is not None,
+        mamba_chunk_grid=_mamba_chunk_grid(),
     )
+
+
+def _mamba_chunk_grid() -> int:
+    try:
+        from sglang.srt.managers.schedule_policy import mamba_prefill_chunk_grid
+
+        return int(mamba_prefill_chunk_grid())
+    except Exception:  # older sglang without the grid: cuts are left alone
+        return 1
 
 
 def _call(obj: Any, name: str, fallback: Any) -> Any:
