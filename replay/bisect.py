@@ -99,7 +99,7 @@ def fix_subsets(fixes: list[str]) -> list[tuple[str, ...]]:
 
 
 class _ClosedLoops:
-    """Closed-loop runs keyed by (start pass, variant, bound), each run once."""
+    """Closed-loop runs of one start pass keyed by (start, variant, bound), each run once."""
 
     def __init__(self, reader: TraceReader, driver, stall_passes: int, max_passes: int | None) -> None:
         self.reader = reader
@@ -120,6 +120,8 @@ class _ClosedLoops:
     def run(self, from_pass: int, variant: str, horizon: int | None = None) -> ArmRun:
         bound = self.max_passes if horizon is None else min(horizon, self.max_passes or horizon)
         key = (from_pass, variant, bound)
+        if any(k[0] != from_pass for k in self._runs):
+            self._runs.clear()  # stalls are searched one start at a time: keep memory flat
         if key not in self._runs:
             self._runs[key] = run_arm(
                 self.loop_input(from_pass), self.driver, variant, stall_passes=self.stall_passes, max_passes=bound
@@ -161,7 +163,7 @@ def first_divergence(steps: Iterator[tuple[int, Decision, Callable[[], Decision]
     return None
 
 
-def _windows(stalls: list[Stall]) -> list[tuple[int, Stall]]:
+def _windows(stalls: list[Stall]) -> list[tuple[int | None, Stall]]:
     """(first pass after the previous stall, stall) for each stall."""
     out, after = [], None
     for stall in stalls:

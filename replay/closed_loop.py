@@ -28,7 +28,7 @@ from replay.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
 from replay.stalls import DEFAULT_MIN_PASSES, find_stalls
 from tracer.errors import ReplayStateError, UsageError
 from tracer.format import TraceReader
-from tracer.schema import Arrival, Finish, Header, Pass
+from tracer.schema import Arrival, Finish, Header, Idle, Pass
 
 DEFAULT_PASS_NS: Final = 1_000_000  # pass period when the trace has too few passes to tell
 MAX_ERRORS_LISTED: Final = 20  # per arm; ``exceptions`` still counts them all
@@ -121,20 +121,35 @@ class TraceScan:
 
 
 def scan_trace(reader: TraceReader) -> TraceScan:
-    """The pass clock (idle and folded passes counted), arrivals and output lengths."""
-    points: list[tuple[int, int]] = []
+    """The pass clock, arrivals and output lengths, from one scan.
+
+    The clock counts every scheduler pass: pass records with their folded
+    repeats, and the idle passes between them. The recorder counts idle
+    passes in ``idle`` records (and the ones right before a pass again in its
+    ``idle_before``); a trace without ``idle`` records is counted by
+    ``idle_before`` alone.
+    """
+    by_idle_records: list[tuple[int, int]] = []
+    by_idle_before: list[tuple[int, int]] = []
     arrivals: list[Arrival] = []
     targets: dict[str, int] = {}
-    iteration = 0
+    it_records = it_before = 0
+    seen_idle_record = False
     for _, record in reader.records():
         if isinstance(record, Pass):
-            iteration += max(record.idle_before, 0)
-            points.append((iteration, record.t_ns))
-            iteration += max(record.repeat, 1)
+            it_before += max(record.idle_before, 0)
+            by_idle_records.append((it_records, record.t_ns))
+            by_idle_before.append((it_before, record.t_ns))
+            it_records += max(record.repeat, 1)
+            it_before += max(record.repeat, 1)
+        elif isinstance(record, Idle):
+            seen_idle_record = True
+            it_records += max(record.count, 0)
         elif isinstance(record, Arrival):
             arrivals.append(record)
         elif isinstance(record, Finish):
             targets[record.rid] = record.output_len
+    points = by_idle_records if seen_idle_record else by_idle_before
     return TraceScan(points=points, arrivals=arrivals, targets=targets, clock=PassClock(points))
 
 
@@ -300,36 +315,53 @@ def run_arm(
     stuck_at: int | None = None
     same_for = 0
     start = loop.start
-    for step in range(limit):
+    step = idle = 0  # idle: passes with nothing to admit since the last pass record
+    while step < limit:
         while next_arrival < len(pending) and pending[next_arrival][0] <= step:
             req = pending[next_arrival][1]
             state.waiting.append(replace(req))
             arrived[req.rid] = step
             next_arrival += 1
-        if state.is_idle and not state.running and next_arrival == len(pending):
-            break  # every request finished and nothing more arrives
-        queue_peak = max(queue_peak, len(state.waiting))
+        if state.is_idle and not state.running:
+            if next_arrival == len(pending):
+                break  # every request finished and nothing more arrives
+            # Nothing runs until the next arrival: skip straight to it.
+            skip = min(pending[next_arrival][0], limit) - step
+            idle += skip
+            step += skip
+            continue
         seq = loop.from_pass + step
-        p = to_pass(
-            state,
-            seq=seq,
-            t_ns=loop.clock.time_at(loop.start_iteration + step),
-            new_token_ratio=start.new_token_ratio,
-            chunked_prefill_size=start.chunked_prefill_size,
-        )
-        decision = _decide(driver, p, arm, state)
-        run.passes.append(with_outputs(p, decision, state))
-        run.decisions.append(decision)
-        if decision.error is not None:
-            exceptions += 1
-            if len(errors) < MAX_ERRORS_LISTED:
-                errors.append(ArmError(pass_=seq, error=decision.error))
+        recorded = not state.is_idle
+        if not recorded:
+            # Nothing to admit: sglang's pass returns at once (an idle pass, as
+            # the recorder counts it); the running batch decodes.
+            decision = Decision(admitted=[], batch_is_full=state.batch_is_full)
+            idle += 1
+        else:
+            queue_peak = max(queue_peak, len(state.waiting))
+            p = to_pass(
+                state,
+                seq=seq,
+                t_ns=loop.clock.time_at(loop.start_iteration + step),
+                new_token_ratio=start.new_token_ratio,
+                chunked_prefill_size=start.chunked_prefill_size,
+            )
+            p = msgspec.structs.replace(p, idle_before=idle)
+            idle = 0
+            decision = driver.decide(p, arm)
+            run.passes.append(with_outputs(p, decision, state))
+            run.decisions.append(decision)
+            if decision.error is not None:
+                exceptions += 1
+                if len(errors) < MAX_ERRORS_LISTED:
+                    errors.append(ArmError(pass_=seq, error=decision.error))
         before = state.signature()
         state, result = apply_decision(
             state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache
         )
-        # A pass that failed admitted nothing, whatever the adder had picked.
-        effective.append(msgspec.structs.replace(decision, admitted=[]) if result.failed else decision)
+        if recorded:
+            # A pass that failed admitted nothing, whatever the adder had picked.
+            effective.append(msgspec.structs.replace(decision, admitted=[]) if result.failed else decision)
         if decision.over_ask > 0 or result.kv_shortfall > 0:
             over_asks += 1
         completed += len(result.finished)
@@ -339,6 +371,7 @@ def run_arm(
         # A state that does not change with no arrival to come never will:
         # stop once that has lasted longer than a stall.
         same_for = same_for + 1 if state.signature() == before and next_arrival == len(pending) else 0
+        step += 1
         if same_for > stall_passes:
             stuck_at = seq
             break
@@ -354,7 +387,7 @@ def run_arm(
         first_admission_passes={
             rid: at - arrived[rid] for rid, at in sorted(first_admitted.items()) if rid in arrived
         },
-        passes=len(run.passes),
+        passes=step,
         stall_runs=run.stalls,
         errors=errors,
         retractions=retractions,
@@ -362,14 +395,6 @@ def run_arm(
         stuck_at=stuck_at,
     )
     return run
-
-
-def _decide(driver, p: Pass, arm: str, state: LoopState) -> Decision:
-    """The arm's decision; an exception the real code raises comes back as ``error``."""
-    if state.is_idle:
-        # sglang's pass returns before touching anything when nothing can be admitted.
-        return Decision(admitted=[], batch_is_full=state.batch_is_full)
-    return driver.decide(p, arm)
 
 
 # ------------------------------------------------------------------ entry
@@ -386,7 +411,7 @@ def run_closed_loop(
     runs = run_arms(path_or_reader, arms, from_pass=from_pass, stall_passes=stall_passes, max_passes=max_passes)
     return ClosedLoop(
         from_pass=from_pass,
-        passes=max((len(r.passes) for r in runs.values()), default=0),
+        passes=max((r.outcome.passes for r in runs.values()), default=0),
         arms={arm: run.outcome for arm, run in runs.items()},
     )
 

@@ -24,6 +24,17 @@ the call only, for one that raises with the admitted list, so no batch is
 built and nothing is allocated. What ``alloc_extend`` would have been asked
 for is computed from that list to find over-asks.
 
+The recorded ``Header.mamba_chunk_grid`` is an environment input like the KV
+counts: sglang reads it through the module-level
+``schedule_policy.mamba_prefill_chunk_grid()`` (in ``PrefillAdder.__init__``)
+and, once at scheduler start, through ``Scheduler.init_mamba_truncation_align``.
+Both lookups answer the recorded grid while a replay call runs (see
+``_recorded_grid``). Publishing config that makes sglang compute it instead
+would need DCP on in the parallel config and the mamba extra buffer in the
+exec config; other code on the pass reads those too (DCP KV-shard scratch,
+mamba budgets) for state a trace does not hold, so replay injects exactly the
+one recorded value and nothing else.
+
 Not thread-safe: the variant patches and the stop hook touch process-global
 functions, so calls are serialised by a module lock.
 """
@@ -38,6 +49,7 @@ from typing import Any
 import msgspec
 
 from replay.report import Decision
+from replay.variants import active_fixes, parse_variant, set_active
 from replay.state import (
     RecordedAllocator,
     RecordedReqSlots,
@@ -69,6 +81,20 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
+def _fixes_of(variant: str) -> frozenset[str]:
+    """The fix set of ``variant`` (``replay.variants.parse_variant``, cached)."""
+    return frozenset() if variant == "stock" else parse_variant(variant)
+
+
+def _switch_fixes(fixes: frozenset[str]) -> frozenset[str]:
+    """Make ``fixes`` active (what ``variants.applied`` does on entry and on
+    exit, without its per-call overhead); returns the set that was active."""
+    active = active_fixes()
+    if active != fixes:
+        set_active(fixes)
+    return active
+
+
 def _variant_context(variant: str):
     """``replay.variants.applied(variant)``; ``stock`` needs no patch module."""
     try:
@@ -78,6 +104,17 @@ def _variant_context(variant: str):
             raise ReplayStateError(f"variant {variant!r} needs replay.variants, which is not installed") from None
         return contextlib.nullcontext()
     return applied(variant)
+
+
+@contextlib.contextmanager
+def _recorded_grid(module: Any, grid: int) -> Iterator[None]:
+    """``module.mamba_prefill_chunk_grid()`` answers ``grid`` inside the block."""
+    original = module.__dict__["mamba_prefill_chunk_grid"]
+    module.mamba_prefill_chunk_grid = lambda: grid
+    try:
+        yield
+    finally:
+        module.mamba_prefill_chunk_grid = original
 
 
 class _PublishedConfig:
@@ -101,25 +138,35 @@ class _PublishedConfig:
         ctx = self._context
         return tuple(getattr(ctx, s) for s in self._SLOTS) + (ctx.parallel._config,)
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
+    def swap_in(self) -> tuple:
+        """Install the trace's config; returns what to give ``swap_out``."""
         ctx = self._context
         previous = self._capture()
         for slot, value in zip(self._SLOTS, self._saved):
             setattr(ctx, slot, value)
         ctx.parallel._config = self._saved[-1]
+        return previous
+
+    def swap_out(self, previous: tuple) -> None:
+        ctx = self._context
+        for slot, value in zip(self._SLOTS, previous):
+            setattr(ctx, slot, value)
+        ctx.parallel._config = previous[-1]
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = self.swap_in()
         try:
             yield
         finally:
-            for slot, value in zip(self._SLOTS, previous):
-                setattr(ctx, slot, value)
-            ctx.parallel._config = previous[-1]
+            self.swap_out(previous)
 
 
 class PassDriver:
     """Runs the real scheduler pass for recorded inputs under a logic variant."""
 
     def __init__(self, header: Header) -> None:
+        from sglang.srt.managers import schedule_policy as policy_module
         from sglang.srt.managers import scheduler as scheduler_module
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
@@ -132,6 +179,8 @@ class PassDriver:
         self.header = header
         self.page_size = max(1, args.page_size)
         self._scheduler_module = scheduler_module
+        self._policy_module = policy_module
+        self.mamba_chunk_grid = max(1, header.mamba_chunk_grid)
         self._ScheduleBatch = ScheduleBatch
         self._PrefillAdder = PrefillAdder
         slots = header.max_req_slots or (args.max_running_requests or 0) + 1
@@ -163,7 +212,10 @@ class PassDriver:
                 schedule_low_priority_values_first=False,
             )
         self.scheduler = self._new_scheduler()
-        self._running_cache: dict = {}
+        grid = self.mamba_chunk_grid
+        self._grid_lookup = lambda: grid
+        self._stop_init_new = classmethod(_stop_init_new)
+        self._reset_caches()
 
     # ------------------------------------------------------------------ setup
 
@@ -195,7 +247,10 @@ class PassDriver:
         s.enable_lora = False
         s.enable_hicache_storage = False
         s.enable_lmcache = False
-        s.truncation_align_size = None
+        s.truncation_align_size = None  # deterministic inference / DSA alignment: not recorded
+        # The real start-up step turns the grid into the truncation alignment.
+        with _recorded_grid(self._scheduler_module, self.mamba_chunk_grid):
+            Scheduler.init_mamba_truncation_align(s)
         s.policy = self.policy
         # Read as call arguments of the swapped ScheduleBatch.init_new, never used.
         s.model_config = None
@@ -220,23 +275,61 @@ class PassDriver:
         budget.available_chunk_tokens = available_chunk_tokens
         return adder
 
+    # Building a real ``Req`` (~30 us) dominates a pass, so Reqs are reused
+    # across passes where sglang itself keeps the same object alive:
+    # * running requests are only read before admission ends; one Req per
+    #   (rid, input_len, max_new_tokens, ignore_eos) gets the pass's output
+    #   length set in place;
+    # * a waiting request lives in the real queue across passes and every pass
+    #   re-derives its admission state (``init_next_round_input``), so a Req
+    #   built for an identical row is reused until a pass admits it (or the
+    #   pass raises); admitted Reqs were changed by admission and are dropped.
+    # Token ids come from one ``TokenSource`` for the driver's life, so every
+    # rid keeps one distinct id and reused and new Reqs never share a prefix.
+    _CACHE_LIMIT = 8192
+
+    def _reset_caches(self) -> None:
+        self._tokens = TokenSource()
+        self._running_cache = {}
+        self._waiting_cache = {}
+
     def _running_req(self, tokens: TokenSource, r) -> Any:
-        """Running requests are only read before admission ends, so one Req per
-        distinct row is reused across passes (building a Req dominates replay)."""
-        key = msgspec.structs.astuple(r)
+        key = (r.rid, r.input_len, r.max_new_tokens, r.ignore_eos)
         req = self._running_cache.get(key)
         if req is None:
-            if len(self._running_cache) > 4096:
-                self._running_cache.clear()
             req = self._running_cache[key] = running_req(tokens, r)
+        else:
+            output = req.output_ids  # decode grew it since the last pass: resize in place
+            have = len(output)
+            if have < r.output_len:
+                output.extend([tokens.token_for(r.rid)] * (r.output_len - have))
+            elif have > r.output_len:
+                del output[r.output_len :]
         return req
 
-    def _load(self, p: Pass) -> tuple[list, Any, Any]:
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
+    def _waiting_req(self, tokens: TokenSource, w, order: int) -> Any:
+        key = msgspec.structs.astuple(w)
+        req = self._waiting_cache.get(key)
+        if req is None:
+            req = self._waiting_cache[key] = waiting_req(tokens, w, order)
+        else:
+            req.time_stats.wait_queue_entry_time = float(order)
+        return req
 
-        tokens = TokenSource()
-        waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
-        running = [self._running_req(tokens, r) for r in p.running]
+    def _load(self, p: Pass, *, reuse: bool = False) -> tuple[list, Any, Any]:
+        """Real sglang state for ``p``. ``reuse``: take Reqs from the caches
+        (then the caller must ``_release`` what the pass admitted)."""
+        ScheduleBatch = self._ScheduleBatch
+        if reuse:
+            if len(self._waiting_cache) + len(self._running_cache) > self._CACHE_LIMIT:
+                self._reset_caches()
+            tokens = self._tokens
+            waiting = [self._waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
+            running = [self._running_req(tokens, r) for r in p.running]
+        else:
+            tokens = TokenSource()
+            waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
+            running = [running_req(tokens, r) for r in p.running]
         chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
         batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
         self.allocator.available = p.kv.available
@@ -244,12 +337,23 @@ class PassDriver:
         self.tree_cache.load(p.kv.evictable, {w.rid: w.prefix_len for w in p.waiting})
         return waiting, batch, chunked
 
+    def _release(self, p: Pass, waiting: list, admitted_reqs: list | None) -> None:
+        """Drop from the waiting cache every Req this pass changed beyond re-derivable state."""
+        if admitted_reqs is not None and not admitted_reqs:
+            return
+        changed = None if admitted_reqs is None else {id(r) for r in admitted_reqs}
+        cache = self._waiting_cache
+        for w, req in zip(p.waiting, waiting):
+            if changed is None or id(req) in changed:
+                cache.pop(msgspec.structs.astuple(w), None)
+
     # --------------------------------------------------------------- decide
 
     def decide(self, p: Pass, variant: str) -> Decision:
         """The decision the real code makes on ``p``'s inputs under ``variant``."""
+        fixes = _fixes_of(variant)
         with _LOCK:
-            waiting, batch, chunked = self._load(p)
+            waiting, batch, chunked = self._load(p, reuse=True)
             s = self.scheduler
             s.waiting_queue = waiting
             s.chunked_req = chunked
@@ -261,18 +365,29 @@ class PassDriver:
             error: str | None = None
             ScheduleBatch = self._ScheduleBatch
             original_init_new = ScheduleBatch.__dict__["init_new"]
-            with self._config.installed(), _variant_context(variant):
-                ScheduleBatch.init_new = classmethod(_stop_init_new)
-                try:
-                    s._get_new_batch_prefill_raw(None, batch)
-                    admitted_reqs = []  # returned before building a batch: nothing admitted
-                except _AdmissionDone as done:
-                    admitted_reqs = done.reqs
-                except Exception as exc:  # the real code raised: that is the arm's outcome
-                    error = error_text(exc)
-                finally:
-                    ScheduleBatch.init_new = original_init_new
-            return self._decision(batch, chunked, admitted_reqs, error)
+            policy_module = self._policy_module
+            original_grid = policy_module.__dict__["mamba_prefill_chunk_grid"]
+            # The context managers of installed()/applied()/_recorded_grid, inlined:
+            # this runs twice per pass and more on divergent ones.
+            saved_config = self._config.swap_in()
+            previous_fixes = _switch_fixes(fixes)
+            policy_module.mamba_prefill_chunk_grid = self._grid_lookup
+            ScheduleBatch.init_new = self._stop_init_new
+            try:
+                s._get_new_batch_prefill_raw(None, batch)
+                admitted_reqs = []  # returned before building a batch: nothing admitted
+            except _AdmissionDone as done:
+                admitted_reqs = done.reqs
+            except Exception as exc:  # the real code raised: that is the arm's outcome
+                error = error_text(exc)
+            finally:
+                ScheduleBatch.init_new = original_init_new
+                policy_module.mamba_prefill_chunk_grid = original_grid
+                _switch_fixes(previous_fixes)
+                self._config.swap_out(saved_config)
+            decision = self._decision(batch, chunked, admitted_reqs, error)
+            self._release(p, waiting, admitted_reqs if error is None else None)
+            return decision
 
     def _decision(self, batch, chunked, admitted_reqs, error) -> Decision:
         adder = self._adder

@@ -69,6 +69,8 @@ class _Chunk(msgspec.Struct):
     errors_old: list[ArmError] = []
     errors_new: list[ArmError] = []
     stall_rows: list[_StallRow] = []
+    unknown_records: dict[str, int] = {}  # what this range's reader skipped
+    truncated_at: int | None = None  # torn tail (only the last range can see one)
 
 
 def check_variants(*variants: str) -> None:
@@ -185,6 +187,8 @@ def _worker(args: tuple[str, str, str, int, int | None]) -> bytes:
     with TraceReader(path) as reader:
         replayer = _Replayer(PassDriver(reader.header), old, new)
         _replay_range(reader, replayer, start, stop)
+        replayer.chunk.unknown_records = dict(reader.unknown_records)
+        replayer.chunk.truncated_at = reader.truncated_at
     return msgspec.msgpack.encode(replayer.chunk)
 
 
@@ -197,7 +201,7 @@ def _ranges(offsets, data_start: int, jobs: int) -> list[tuple[int, int | None]]
 
 
 def _merge(chunks: list[_Chunk]) -> _Chunk:
-    out = _Chunk(mismatches=[], divergences=[], errors_old=[], errors_new=[], stall_rows=[])
+    out = _Chunk(mismatches=[], divergences=[], errors_old=[], errors_new=[], stall_rows=[], unknown_records={})
     for c in chunks:
         out.passes += c.passes
         out.aiter_events += c.aiter_events
@@ -208,6 +212,10 @@ def _merge(chunks: list[_Chunk]) -> _Chunk:
         out.errors_old += c.errors_old
         out.errors_new += c.errors_new
         out.stall_rows += c.stall_rows
+        for tag, n in c.unknown_records.items():
+            out.unknown_records[tag] = out.unknown_records.get(tag, 0) + n
+        if c.truncated_at is not None:
+            out.truncated_at = c.truncated_at
     return out
 
 
@@ -260,8 +268,9 @@ def replay_trace(
                         on_divergence(divergence)
             result = _merge(chunks)
             # Unknown records and the torn tail, as a single-process run sees them.
-            for _ in reader.records(0):
-                pass
+            reader.unknown_records.update(result.unknown_records)
+            if result.truncated_at is not None:
+                reader.truncated_at = result.truncated_at
             if on_progress is not None:
                 on_progress(total, total)
         else:

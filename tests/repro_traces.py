@@ -28,7 +28,14 @@ from tracer.schema import (
 CHUNK = 8192
 
 
-def header(policy: str = "fcfs", sglang_version: str | None = None) -> Header:
+def header(
+    policy: str = "fcfs",
+    sglang_version: str | None = None,
+    *,
+    chunked_prefill_size: int = CHUNK,
+    disable_radix_cache: bool = False,
+    mamba_chunk_grid: int = 1,
+) -> Header:
     from replay.patching import sglang_version as installed
 
     return Header(
@@ -42,15 +49,17 @@ def header(policy: str = "fcfs", sglang_version: str | None = None) -> Header:
         start_wall_ns=0,
         server_args=ServerArgs(
             schedule_policy=policy,
-            chunked_prefill_size=CHUNK,
+            chunked_prefill_size=chunked_prefill_size,
             max_prefill_tokens=16384,
             page_size=1,
             max_running_requests=12,
             max_total_tokens=40000,
             attention_backend="torch_native",
             model_path="tiny-llama",
+            disable_radix_cache=disable_radix_cache,
         ),
         max_req_slots=13,
+        mamba_chunk_grid=mamba_chunk_grid,
     )
 
 
@@ -84,19 +93,56 @@ def chunk_cap_trace(path: Path) -> Path:
     return write_trace(path, header(), [p])
 
 
-def one_chunk_trace(path: Path) -> Path:
-    """Default policy, a chunked request in flight and a second long request that would be chunked."""
-    p = make_pass(
+# The one-chunk route: sglang's mamba_prefill_chunk_grid() is 64 (DCP + mamba
+# extra buffer, the Kimi-K3 case), so a continuing chunk cut at the 1000-token
+# budget is floored to 960 and leaves 40 tokens of chunk budget with KV to spare.
+GRID = 64
+SMALL_CHUNK = 1000
+GRID_CHUNK = SMALL_CHUNK // GRID * GRID  # 960
+LEFTOVER = SMALL_CHUNK - GRID_CHUNK  # 40
+
+
+def _one_chunk_pass(*, ignore_eos: bool, admitted_second: bool, error: str | None) -> Pass:
+    admitted = [Admitted("first", 2000, GRID_CHUNK)]
+    candidates = []
+    if admitted_second:
+        admitted.append(Admitted("second", 0, LEFTOVER))
+        candidates.append(Candidate("second", 0, LEFTOVER, "CONTINUE"))
+    else:
+        candidates.append(Candidate("second", 0, 0, "OTHER"))
+    return make_pass(
         0,
-        running=running(4),
-        waiting=[WaitingReq("second", 20000, 0, 300, 0, None, True)],
-        chunked=ChunkedReq("first", 20000, 8192, 300, 0, True),
-        kv=KvSnapshot(available=12000, evictable=0),
-        req_slots_free=7,
-        chunk=ChunkOutcome("first", 8192, 8192),
-        admitted=[Admitted("first", 8192, 8192)],
+        running=running(2),
+        waiting=[WaitingReq("second", 5000, 0, 300, 0, None, ignore_eos)],
+        chunked=ChunkedReq("first", 6000, 2000, 300, 0, True),
+        kv=KvSnapshot(available=35000, evictable=0),
+        req_slots_free=10,
+        chunked_prefill_size=SMALL_CHUNK,
+        candidates=candidates,
+        admitted=admitted,
+        chunk=ChunkOutcome("first", SMALL_CHUNK, GRID_CHUNK),
+        error=error,
     )
-    return write_trace(path, header(), [p])
+
+
+def one_chunk_trace(path: Path) -> Path:
+    """The grid leaves chunk budget and the second long request is chunked: the assert fires.
+
+    Reachable on one KV pool only through ``PrefillAdder.add_one_req_ignore_eos``
+    (radix cache off, ``ignore_eos``): that path chunks with the grid floor alone,
+    while ``_select_prefill_admission`` also floors to the scheduler's truncation
+    alignment (= the grid), which empties a sub-grid leftover.
+    """
+    p = _one_chunk_pass(ignore_eos=True, admitted_second=True, error="AssertionError: ")
+    hdr = header(chunked_prefill_size=SMALL_CHUNK, disable_radix_cache=True, mamba_chunk_grid=GRID)
+    return write_trace(path, hdr, [p])
+
+
+def one_chunk_radix_trace(path: Path) -> Path:
+    """The same state with the radix cache on: truncation alignment floors the
+    40-token leftover to 0, so the second request waits and nothing raises."""
+    p = _one_chunk_pass(ignore_eos=False, admitted_second=False, error=None)
+    return write_trace(path, header(chunked_prefill_size=SMALL_CHUNK, mamba_chunk_grid=GRID), [p])
 
 
 def latch_trace(path: Path, passes: int = 10) -> Path:

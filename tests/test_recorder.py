@@ -219,3 +219,39 @@ def test_failing_hook_keeps_original_result(tmp_path: Path) -> None:
         assert [(e.hook, e.count) for e in errors] == [("alloc", 1), ("alloc", 3)]
         assert "AttributeError" in errors[0].message
         assert reader.footer.counts["hook_errors"] == 3
+
+
+# --- deferred build: the writer thread sees the pass as it entered ------------
+
+
+def test_capture_keeps_entry_values_and_folds_by_identity(tmp_path: Path) -> None:
+    from bench.bench_recorder import PassDriver, header as bench_header, load, loaded_pass
+
+    driver = PassDriver(bench_header())
+    rec = Recorder(tmp_path)
+    rec.writer = WriterThread(tmp_path, "deferred", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=3600)
+    with driver._config.installed():
+        scheduler, batch = load(driver, loaded_pass(batch_full=True))
+        first = rec.begin_pass(scheduler, batch)
+        rec.end_pass(scheduler, first, (None, batch), None)
+        second = rec.begin_pass(scheduler, batch)  # same requests, same ints: folds
+        rec.end_pass(scheduler, second, (None, batch), None)
+        running0, waiting0 = batch.reqs[0], scheduler.waiting_queue[0]
+        running0.output_ids.append(7)  # a decode step: the next pass differs
+        third = rec.begin_pass(scheduler, batch)
+        rec.end_pass(scheduler, third, (None, batch), None)
+        rec._flush_held()
+        # Mutate after the passes, before the writer builds: the records keep entry values.
+        running0.output_ids.extend([7] * 50)
+        waiting0.prefix_len = 999
+        scheduler.waiting_queue.reverse()
+        rec.close()
+    expected = loaded_pass(batch_full=True)
+    with TraceReader(rec.writer.paths[0]) as reader:
+        passes = list(reader.passes())
+    assert [p.repeat for p in passes] == [2, 1]
+    assert passes[0].waiting == expected.waiting and passes[0].running == expected.running
+    assert passes[1].waiting == expected.waiting
+    assert passes[1].running[0].output_len == expected.running[0].output_len + 1
+    assert passes[1].running[1:] == expected.running[1:]
+    assert passes[0].kv == passes[1].kv == expected.kv and passes[1].batch_is_full_in

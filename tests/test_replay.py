@@ -52,19 +52,58 @@ def test_latch_stalls_stock_only(tmp_path: Path) -> None:
     assert all(d.new.admitted == [("queued", 2000)] for d in report.divergences)
 
 
+def test_recorded_grid_reaches_the_real_prefill_adder(tmp_path: Path) -> None:
+    """The header's mamba_chunk_grid floors the cut continuing chunk (960 of 1000),
+    and the scheduler's truncation alignment (derived from it by the real
+    ``init_mamba_truncation_align``) empties the 40-token leftover on the radix path."""
+    path = repro.one_chunk_radix_trace(tmp_path / "t.trace")
+    report = run_replay(path, "stock", "fixed")
+    assert report.fidelity.matched == report.fidelity.total == 1, report.fidelity.mismatches
+    with TraceReader(path) as reader:
+        driver = PassDriver(reader.header)
+        p = reader.pass_at(0)
+    assert driver.scheduler.truncation_align_size == repro.GRID
+    decision = driver.decide(p, "stock")
+    assert decision.chunk_size == repro.GRID_CHUNK and decision.chunk_budget == repro.SMALL_CHUNK
+    assert decision.admitted == [("first", repro.GRID_CHUNK)] and decision.error is None
+
+
+def test_one_chunk_repro_stock_raises_the_scheduler_assert(tmp_path: Path) -> None:
+    path = repro.one_chunk_trace(tmp_path / "t.trace")
+    report = run_replay(path, "stock", "fixed")
+    assert report.fidelity.matched == report.fidelity.total == 1, report.fidelity.mismatches
+    (error,) = report.errors["stock"]
+    assert error.error.startswith("AssertionError")
+    with TraceReader(path) as reader:
+        stock = PassDriver(reader.header).decide(reader.pass_at(0), "stock")
+    # The second request was chunked while the first still is: two chunks, one slot.
+    assert stock.admitted == [("first", repro.GRID_CHUNK), ("second", repro.LEFTOVER)]
+
+
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "sglang 0.5.23, single KV pool: a continuing chunk is truncated only when it spends "
-        "the whole chunk budget or all remaining KV, so no second request can be chunked in "
-        "the same pass; the one-chunk guard is reachable only through SWA/Mamba budgets "
-        "(hybrid pools), which replay does not rebuild yet"
+        "sglang 0.5.23 + the PR's one-chunk fix: the guard sits in _select_prefill_admission, but "
+        "with the radix cache off and ignore_eos the second chunk is made in "
+        "PrefillAdder.add_one_req_ignore_eos, which has no guard, so fixed asserts too"
     ),
 )
-def test_one_chunk_repro_diverges(tmp_path: Path) -> None:
-    report = run_replay(repro.one_chunk_trace(tmp_path / "t.trace"), "stock", "one-chunk")
-    assert report.fidelity.matched == report.fidelity.total
-    assert any("error" in d.kinds or "new_chunked" in d.kinds for d in report.divergences)
+@pytest.mark.parametrize("arm", ["one-chunk", "fixed"])
+def test_one_chunk_fix_prevents_the_second_chunk(tmp_path: Path, arm: str) -> None:
+    report = run_replay(repro.one_chunk_trace(tmp_path / "t.trace"), "stock", arm)
+    assert report.errors[arm] == []
+    (d,) = report.divergences
+    assert "error" in d.kinds and "one-chunk" in d.fixes
+
+
+def test_one_chunk_repro_trips_the_cli_error_gate(tmp_path: Path) -> None:
+    from tracer.cli import main
+
+    path = repro.one_chunk_trace(tmp_path / "t.trace")
+    with pytest.raises(SystemExit) as info:
+        main(["replay", str(path), "--old", "fixed", "--new", "stock", "--fail-on", "error"])
+    assert info.value.code == 1
+    main(["replay", str(path), "--old", "stock", "--new", "latch", "--fail-on", "divergence"])  # same decision: exit 0
 
 
 def test_report_is_deterministic(tmp_path: Path) -> None:

@@ -8,13 +8,16 @@ Per pass (``Scheduler._get_new_batch_prefill_raw``):
 
 * idle check first (empty waiting queue and no chunked request): bump a
   counter and call through; nothing else runs;
-* otherwise snapshot the inputs (``tracer.snapshot``), open a ``_PassCapture``
-  that the ``PrefillAdder``/``PrefillBudget`` hooks fill while the pass runs,
-  and build one ``Pass`` from it afterwards (with ``error`` if it raised; the
-  exception is re-raised unchanged);
+* otherwise open a ``_PassCapture``: references to the live requests plus
+  the few ints that can change (``tracer.snapshot`` says which), filled by
+  the ``PrefillAdder``/``PrefillBudget`` hooks while the pass runs (``error``
+  if it raised; the exception is re-raised unchanged). The ``Pass`` record
+  itself is built on the writer thread (``WriterThread`` builds ``Deferred``s);
 * a rejected pass (nothing admitted, no chunk) is held back; identical
   rejected passes that follow within ``FOLD_WINDOW_NS`` with no record in
-  between fold into it (``repeat`` += 1, ``dur_ns`` summed).
+  between fold into it (``repeat`` += 1, ``dur_ns`` summed), compared by a
+  fingerprint of the capture (request identities + captured ints + flags),
+  so a folded repeat builds nothing at all.
 
 Every record goes through ``_emit``, which first writes the held pass and an
 ``Idle`` record for idle passes counted since the previous record, so the
@@ -51,7 +54,7 @@ from tracer.schema import (
     Record,
     Retract,
 )
-from tracer.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Sink, WriterThread
+from tracer.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Deferred, Sink, WriterThread
 
 logger = logging.getLogger(__name__)
 
@@ -60,22 +63,62 @@ logger = logging.getLogger(__name__)
 FOLD_WINDOW_NS = 100_000_000
 
 
-class _PassCapture:
-    """What one non-idle pass saw; filled by the adder/budget hooks."""
+class _PassCapture(Deferred):
+    """What one non-idle pass saw, cheap to take; the writer thread builds the ``Pass``.
+
+    On the scheduler thread: references to the live ``Req`` objects (copied
+    lists, since sglang sorts and filters its own in place), the ints that can
+    change per request (``prefix_len``, ``len(output_ids)``), the KV counts and
+    flags. ``build()`` later adds the fields that never change once a request
+    is queued (``tracer.snapshot`` lists them). Filled by the adder/budget
+    hooks while the pass runs; never touched by the scheduler thread once
+    submitted.
+    """
 
     __slots__ = (
-        "t_ns", "waiting", "running", "chunked", "chunked_obj", "batch_is_full_in",
+        "t_ns", "dur_ns", "repeat", "idle_before",
+        "waiting", "waiting_prefix", "waiting_out", "running", "running_out",
+        "chunked", "chunked_prefix", "chunked_out", "batch_is_full_in",
         "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
-        "candidates", "admitted", "chunk", "in_chunk", "budget", "events",
+        "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
+        "in_chunk", "budget", "events",
     )
 
     def __init__(self) -> None:
+        self.dur_ns = 0
+        self.repeat = 1
+        self.idle_before = 0
         self.candidates: list[Candidate] = []
         self.admitted: list[Admitted] = []
         self.chunk: ChunkOutcome | None = None
+        self.new_chunked_rid: str | None = None
+        self.batch_is_full_out = False
+        self.error: str | None = None
         self.in_chunk = False
         self.budget: int | None = None
         self.events: list[Record] = []  # emitted during the pass: written after it
+
+    def fold_key(self) -> tuple:
+        """Equal keys <=> equal ``Pass`` records but for timing. ``Req`` has no
+        ``__eq__``, so its lists compare by identity; the held pass keeps them alive."""
+        return (
+            self.waiting, self.waiting_prefix, self.waiting_out, self.running, self.running_out,
+            self.chunked, self.chunked_prefix, self.chunked_out, self.batch_is_full_in, self.kv,
+            self.req_slots_free, self.new_token_ratio, self.chunked_prefill_size,
+            self.candidates, self.batch_is_full_out, self.error,
+        )
+
+    def build(self) -> Pass:
+        chunked = self.chunked
+        return Pass(
+            0, self.t_ns, self.dur_ns, self.repeat, self.idle_before,
+            snapshot.waiting_rows(self.waiting, self.waiting_prefix, self.waiting_out),
+            snapshot.running_rows(self.running, self.running_out),
+            snapshot.chunked_row(chunked, self.chunked_prefix, self.chunked_out) if chunked is not None else None,
+            self.batch_is_full_in, snapshot.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
+            self.chunked_prefill_size, self.candidates, self.admitted, self.chunk, self.new_chunked_rid,
+            self.batch_is_full_out, self.error,
+        )
 
 
 class Recorder:
@@ -101,7 +144,7 @@ class Recorder:
         self.idle = 0  # idle passes since the previous record
         self.idle_total = 0  # folded into idle records as they are written
         self.capture: _PassCapture | None = None
-        self._held: Pass | None = None
+        self._held: Pass | _PassCapture | None = None
         self._held_key: tuple | None = None
         self._in_alloc = False
         self._live_rids: set[str] = set()
@@ -199,7 +242,12 @@ class Recorder:
             self._submit_idle()
         writer.submit(record)
 
-    def _emit_pass(self, record: Pass, foldable: bool, key: tuple | None) -> None:
+    def _emit_pass(self, record: Pass | _PassCapture, foldable: bool, key: tuple | None) -> None:
+        """Write a pass, or hold a foldable (rejected) one to fold its repeats into.
+
+        Folding compares ``key`` only, before anything is built: a held
+        capture's ``repeat`` and ``dur_ns`` grow; it is built once, when written.
+        """
         writer = self.writer or self._ensure_writer()
         if writer is None:
             return
@@ -241,15 +289,26 @@ class Recorder:
             self.attach(scheduler)
         cap = _PassCapture()
         cap.t_ns = self.now()
-        waiting_row = snapshot.waiting_row
-        running_row = snapshot.running_row
-        cap.waiting = [waiting_row(r) for r in scheduler.waiting_queue]
-        cap.running = [running_row(r) for r in running_batch.reqs] if running_batch is not None else []
+        waiting = list(scheduler.waiting_queue)
+        cap.waiting = waiting
+        cap.waiting_prefix = snapshot.prefix_lens(waiting)
+        cap.waiting_out = snapshot.output_lens(waiting)
+        if running_batch is not None:
+            running = list(running_batch.reqs)
+            cap.batch_is_full_in = bool(running_batch.batch_is_full)
+        else:
+            running = []
+            cap.batch_is_full_in = False
+        cap.running = running
+        cap.running_out = snapshot.output_lens(running)
         chunked = scheduler.chunked_req
-        cap.chunked_obj = chunked
-        cap.chunked = snapshot.chunked_row(chunked) if chunked is not None else None
-        cap.batch_is_full_in = bool(running_batch.batch_is_full) if running_batch is not None else False
-        cap.kv = snapshot.kv_row(scheduler)
+        cap.chunked = chunked
+        if chunked is not None:
+            cap.chunked_prefix = chunked.prefix_len
+            cap.chunked_out = len(chunked.output_ids)
+        else:
+            cap.chunked_prefix = cap.chunked_out = 0
+        cap.kv = snapshot.kv_counts(scheduler)
         cap.req_slots_free = scheduler.req_to_token_pool.available_size()
         cap.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
         cap.chunked_prefill_size = snapshot.effective_chunk_size(scheduler)
@@ -258,30 +317,16 @@ class Recorder:
 
     def end_pass(self, scheduler: Any, cap: _PassCapture, result: Any, error: BaseException | None) -> None:
         self.capture = None
-        dur = self.now() - cap.t_ns
+        cap.dur_ns = self.now() - cap.t_ns
         new_chunked = scheduler.chunked_req
-        new_chunked_rid = (
-            new_chunked.rid if new_chunked is not None and new_chunked is not cap.chunked_obj else None
-        )
-        batch_is_full_out = False
+        if new_chunked is not None and new_chunked is not cap.chunked:
+            cap.new_chunked_rid = new_chunked.rid
         if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
-            batch_is_full_out = bool(result[1].batch_is_full)
-        error_text = f"{type(error).__name__}: {error}"[:500] if error is not None else None
-        record = Pass(
-            0, cap.t_ns, dur, 1, 0,
-            cap.waiting, cap.running, cap.chunked, cap.batch_is_full_in, cap.kv,
-            cap.req_slots_free, cap.new_token_ratio, cap.chunked_prefill_size,
-            cap.candidates, cap.admitted, cap.chunk, new_chunked_rid, batch_is_full_out, error_text,
-        )
-        foldable = not cap.admitted and cap.chunk is None and new_chunked_rid is None and not cap.events
-        key = None
-        if foldable:
-            key = (
-                cap.waiting, cap.running, cap.chunked, cap.batch_is_full_in, cap.kv,
-                cap.req_slots_free, cap.new_token_ratio, cap.chunked_prefill_size,
-                cap.candidates, batch_is_full_out, error_text,
-            )
-        self._emit_pass(record, foldable, key)
+            cap.batch_is_full_out = bool(result[1].batch_is_full)
+        if error is not None:
+            cap.error = f"{type(error).__name__}: {error}"[:500]
+        foldable = not cap.admitted and cap.chunk is None and cap.new_chunked_rid is None and not cap.events
+        self._emit_pass(cap, foldable, cap.fold_key() if foldable else None)
         for event in cap.events:
             self._emit(event)
 

@@ -1,16 +1,18 @@
 """Pure functions: live sglang objects -> schema rows.
 
-Each function reads plain ints and strings off the objects it is given and
-returns a ``tracer.schema`` row; none of them mutate sglang state. They run in
-the scheduler thread on every non-idle pass, so they stay small: attribute
-loads, ``len()`` and one Struct constructor per row. Lengths and counts only,
-never token ids or text.
+None of them mutate sglang state. Lengths and counts only, never token ids
+or text. Two halves: the capture functions run on the scheduler thread on
+every non-idle pass and read only what can change before the writer gets to
+it (a few ints per request, the KV counts); the row builders run on the
+writer thread and combine those ints with fields of the same ``Req`` objects
+that never change once a request is queued (see the note below).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import socket
+from operator import attrgetter
 from typing import Any
 
 from tracer.schema import (
@@ -24,61 +26,88 @@ from tracer.schema import (
 )
 
 
-def waiting_row(req: Any) -> WaitingReq:
-    params = req.sampling_params
-    return WaitingReq(
-        req.rid,
-        len(req.origin_input_ids),
-        len(req.output_ids),
-        params.max_new_tokens,
-        req.prefix_len,
-        req.priority,
-        bool(params.ignore_eos),
-    )
+# --- scheduler thread: capture what can change, by reference otherwise ----------
+#
+# Which ``Req`` fields are safe to read later (sglang 0.5.23): ``rid``,
+# ``len(origin_input_ids)``, ``sampling_params.max_new_tokens``,
+# ``sampling_params.ignore_eos`` and ``priority`` are all set before
+# ``Scheduler._add_request_to_queue`` appends the request (tokenizer-side
+# normalisation, ``init_req_max_new_tokens``, multimodal padding,
+# ``set_finish_with_abort`` and ``_set_or_validate_priority`` all run in
+# ``handle_generate_request`` / the grammar queue, before queueing) and are
+# never written again while it is queued, running or chunked. Volatile, and so
+# captured as ints at pass entry: ``prefix_len`` (``init_next_round_input``,
+# ``reset_for_retract``) and ``len(output_ids)`` (every decode step, retract).
+
+_prefix_len = attrgetter("prefix_len")
+_output_ids = attrgetter("output_ids")
 
 
-def running_row(req: Any) -> RunningReq:
-    params = req.sampling_params
-    return RunningReq(
-        req.rid,
-        len(req.origin_input_ids),
-        len(req.output_ids),
-        params.max_new_tokens,
-        bool(params.ignore_eos),
-    )
+def prefix_lens(reqs: list) -> list[int]:
+    return list(map(_prefix_len, reqs))
 
 
-def chunked_row(req: Any) -> ChunkedReq:
-    params = req.sampling_params
-    return ChunkedReq(
-        req.rid,
-        len(req.origin_input_ids),
-        req.prefix_len,
-        params.max_new_tokens,
-        len(req.output_ids),
-        bool(params.ignore_eos),
-    )
+def output_lens(reqs: list) -> list[int]:
+    return list(map(len, map(_output_ids, reqs)))
 
 
-def kv_row(scheduler: Any) -> KvSnapshot:
-    """Free and evictable tokens of every pool the scheduler has."""
+def kv_counts(scheduler: Any) -> tuple:
+    """Free and evictable tokens of every pool, as ``KvSnapshot``'s field tuple."""
     allocator = scheduler.token_to_kv_pool_allocator
     tree_cache = scheduler.tree_cache
     if getattr(scheduler, "is_hybrid_swa", False):
-        full_available = _call(allocator, "full_available_size", allocator.available_size)
+        available = _call(allocator, "full_available_size", allocator.available_size)
         swa_available = _call(allocator, "swa_available_size", None)
-        full_evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
+        evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
         swa_evictable = _call(tree_cache, "swa_evictable_size", None)
-        kv = KvSnapshot(full_available, full_evictable, swa_available, swa_evictable)
-    elif tree_cache.supports_mamba():
-        kv = KvSnapshot(allocator.available_size(), tree_cache.full_evictable_size())
     else:
-        kv = KvSnapshot(allocator.available_size(), tree_cache.evictable_size())
+        available = allocator.available_size()
+        evictable = tree_cache.full_evictable_size() if tree_cache.supports_mamba() else tree_cache.evictable_size()
+        swa_available = swa_evictable = None
     mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
-    if mamba_allocator is not None:
-        kv.mamba_available = mamba_allocator.available_size()
-        kv.mamba_evictable = _call(tree_cache, "mamba_evictable_size", None)
-    return kv
+    if mamba_allocator is None:
+        return (available, evictable, swa_available, swa_evictable)
+    return (
+        available, evictable, swa_available, swa_evictable,
+        mamba_allocator.available_size(), _call(tree_cache, "mamba_evictable_size", None),
+    )
+
+
+# --- writer thread: rows from references + the ints captured at pass entry ---
+
+
+def waiting_rows(reqs: list, prefix: list[int], outputs: list[int]) -> list[WaitingReq]:
+    rows = []
+    append = rows.append
+    for req, prefix_len, output_len in zip(reqs, prefix, outputs):
+        params = req.sampling_params
+        append(WaitingReq(
+            req.rid, len(req.origin_input_ids), output_len, params.max_new_tokens,
+            prefix_len, req.priority, bool(params.ignore_eos),
+        ))
+    return rows
+
+
+def running_rows(reqs: list, outputs: list[int]) -> list[RunningReq]:
+    rows = []
+    append = rows.append
+    for req, output_len in zip(reqs, outputs):
+        params = req.sampling_params
+        append(RunningReq(
+            req.rid, len(req.origin_input_ids), output_len, params.max_new_tokens, bool(params.ignore_eos),
+        ))
+    return rows
+
+
+def chunked_row(req: Any, prefix_len: int, output_len: int) -> ChunkedReq:
+    params = req.sampling_params
+    return ChunkedReq(
+        req.rid, len(req.origin_input_ids), prefix_len, params.max_new_tokens, output_len, bool(params.ignore_eos),
+    )
+
+
+def kv_row(counts: tuple) -> KvSnapshot:
+    return KvSnapshot(*counts)
 
 
 def evictable_tokens(scheduler: Any) -> int:

@@ -13,6 +13,19 @@ records are dropped), writes the batch with one ``os.write`` through
 ``TraceWriter``, hands the batch to the sinks and rotates to a new part when
 the file passes ``max_bytes``.
 
+Deferred records: the producer may submit a ``Deferred`` instead of a record
+(the recorder's pass capture: references to live requests plus the ints that
+could change). The writer calls its ``build()`` just before numbering and
+writing, so the schema Structs are made here, not on the scheduler thread.
+A ``build()`` that raises drops that record, counted in the footer as
+``build_errors`` and logged once.
+
+GIL: building and encoding are Python work that holds the GIL; a scheduler
+thread waking from a GPU wait would otherwise wait up to the interpreter's
+switch interval (5 ms) for it. The writer therefore works in slices of at
+most ``SLICE_NS`` and sleeps ``GIL_BREAK_S`` between slices, which hands the
+GIL to a waiting thread.
+
 Sinks: ``sinks`` is a list of callables ``sink(records: list[Record]) -> None``.
 Each receives every batch after it has been written, in file order, on the
 writer thread; the first batch of each part starts with that part's
@@ -42,6 +55,17 @@ HeaderFactory = Callable[[int, int], Header]  # (part, first_pass) -> Header
 DEFAULT_QUEUE_SIZE = 65536
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_FLUSH_INTERVAL_S = 0.05
+SLICE_NS = 500_000  # longest stretch of building/encoding between GIL breaks
+GIL_BREAK_S = 0.00002  # a real sleep (not sleep(0)): the waiting thread gets the GIL
+
+
+class Deferred:
+    """A record the writer thread builds: ``build()`` returns the schema record."""
+
+    __slots__ = ()
+
+    def build(self) -> Record:
+        raise NotImplementedError
 
 
 def part_path(directory: Path, stem: str, part: int) -> Path:
@@ -77,6 +101,7 @@ class WriterThread:
         self._dropped_reported = 0
         self.write_errors = 0
         self.sink_errors = 0
+        self.build_errors = 0
         self._sinks_failed: set[int] = set()
         self.extra_counts: dict[str, int] = {}  # merged into every footer
         self.next_pass_seq = 0
@@ -138,8 +163,37 @@ class WriterThread:
             self._dropped_reported = dropped
         if not batch:
             return
+        batch = self._build_and_write(batch)
+        if batch is None:
+            return
+        if self.sinks:
+            header, self._unsent_header = self._unsent_header, None
+            self._feed_sinks([header, *batch] if header is not None else batch)
+        if self._writer.size >= self.max_bytes:
+            self._close_part()
+            self.part += 1
+            self._part_idle = self._part_lost = 0
+            self._writer = self._open_part()
+
+    def _build_and_write(self, queued: list) -> list[Record] | None:
+        """Build deferred records, number passes, write; in GIL-friendly slices."""
+        clock = time.perf_counter_ns
+        batch: list[Record] = []
+        start = 0  # first record of the slice not yet written
+        slice_start = clock()
         seq = self.next_pass_seq
-        for record in batch:
+        ok = True
+        for index, item in enumerate(queued):
+            if isinstance(item, Deferred):
+                try:
+                    record = item.build()
+                except Exception:
+                    self.build_errors += 1
+                    if self.build_errors == 1:
+                        logger.exception("schedtrace: building a deferred record failed (dropped, counted)")
+                    continue
+            else:
+                record = item
             kind = type(record)
             if kind is Pass:
                 record.seq = seq
@@ -150,21 +204,28 @@ class WriterThread:
                 self._part_idle += record.count
             elif kind is Loss:
                 self._part_lost += record.count
+            batch.append(record)
+            if clock() - slice_start >= SLICE_NS:
+                ok = self._write(batch[start:])
+                start = len(batch)
+                if not ok:
+                    self.write_errors += len(queued) - index - 1  # the rest is lost with it
+                    break
+                time.sleep(GIL_BREAK_S)
+                slice_start = clock()
         self.next_pass_seq = seq
+        if ok and start < len(batch):
+            ok = self._write(batch[start:])
+        return batch if ok else None
+
+    def _write(self, records: list[Record]) -> bool:
         try:
-            self._writer.write_many(batch)
+            self._writer.write_many(records)
         except OSError as exc:
-            self.write_errors += len(batch)
+            self.write_errors += len(records)
             logger.error("schedtrace: cannot write %s: %s", self._writer.path, exc)
-            return
-        if self.sinks:
-            header, self._unsent_header = self._unsent_header, None
-            self._feed_sinks([header, *batch] if header is not None else batch)
-        if self._writer.size >= self.max_bytes:
-            self._close_part()
-            self.part += 1
-            self._part_idle = self._part_lost = 0
-            self._writer = self._open_part()
+            return False
+        return True
 
     def _feed_sinks(self, batch: list[Record]) -> None:
         for sink in self.sinks:
@@ -193,6 +254,8 @@ class WriterThread:
             counts["write_errors"] = self.write_errors
         if self.sink_errors:
             counts["sink_errors"] = self.sink_errors
+        if self.build_errors:
+            counts["build_errors"] = self.build_errors
         return counts
 
     def _close_part(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from replay.capture import recorded_decision  # noqa: F401 - the one Pass -> Decision mapping (re-exported)
 from replay.report import Decision, Divergence, Report
 from replay.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
 from tracer.format import TraceReader
@@ -38,18 +39,6 @@ def pass_result(p: Pass) -> str:
     if any(c.result == "NO_TOKEN" for c in p.candidates):
         return "no-token"
     return "none"
-
-
-def recorded_decision(p: Pass) -> Decision:
-    """The recorded outputs of a pass, in the replay report's terms."""
-    return Decision(
-        admitted=[(a.rid, a.extend_len) for a in p.admitted],
-        chunk_budget=p.chunk.budget if p.chunk else None,
-        chunk_size=p.chunk.size if p.chunk else None,
-        new_chunked_rid=p.new_chunked_rid,
-        batch_is_full=p.batch_is_full_out,
-        error=p.error,
-    )
 
 
 @dataclass(frozen=True)
