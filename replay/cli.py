@@ -7,6 +7,7 @@ into that).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from replay.stalls import DEFAULT_MIN_PASSES
 
 FAIL_ON = ("none", "divergence", "stall", "error")
 PROGRESS_MIN_PASSES = 500  # show a progress bar only on traces at least this long
+# Two workers beat one on long traces even on 2 shared cores (bench/bench_replay.py);
+# the engine uses one process below 2 * MIN_PASSES_PER_JOB pass records anyway.
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 
 
 def gate_tripped(report: Report, fail_on: str) -> bool:
@@ -81,7 +85,8 @@ def _summary(report: Report, console) -> None:
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="none", show_default=True, help="Exit 1 when this is found.")
 @click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_MIN_PASSES, show_default=True,
               help="Passes without admission (head request fits) that make a stall.")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes for long traces.")
+@click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
+              help="Worker processes for long traces (used from 4000 pass records up).")
 @click.option("--closed-loop", is_flag=True, help="Also re-simulate each arm forward (closed loop).")
 @click.option("--from", "from_pass", type=click.IntRange(min=0), default=0, show_default=True,
               help="Closed loop: start from this recorded pass.")
