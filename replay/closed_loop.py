@@ -368,13 +368,25 @@ def run_arm(
         for rid in result.admitted:
             first_admitted.setdefault(rid, step)
         retractions += len(result.retracted)
-        # A state that does not change with no arrival to come never will:
-        # stop once that has lasted longer than a stall.
-        same_for = same_for + 1 if state.signature() == before and next_arrival == len(pending) else 0
         step += 1
+        # A state that does not change decides the same again (the driver is
+        # deterministic): once that has lasted longer than a stall, nothing
+        # happens until the next arrival. Fold the passes up to it into this
+        # one (as the recorder folds repeats), or stop if none is to come.
+        same_for = same_for + 1 if state.signature() == before else 0
         if same_for > stall_passes:
-            stuck_at = seq
-            break
+            if next_arrival == len(pending):
+                stuck_at = seq
+                break
+            skip = max(min(pending[next_arrival][0], limit) - step, 0)
+            if recorded:
+                last = run.passes[-1]
+                run.passes[-1] = msgspec.structs.replace(last, repeat=last.repeat + skip)
+                exceptions += skip if decision.error is not None else 0
+                over_asks += skip if decision.over_ask > 0 or result.kv_shortfall > 0 else 0
+            else:
+                idle += skip
+            step += skip
     run.stalls = find_stalls(run.passes, effective, stall_passes)
     left = len(state.waiting) + len(state.running) + (state.chunked is not None) + (len(pending) - next_arrival)
     run.outcome = ArmOutcome(

@@ -1,12 +1,13 @@
-"""Swap a real function's code for an edited copy of its own source, and back.
+"""Swap real functions' code for edited copies of their own source, and back.
 
-A ``SourceEdit`` names one function by import path and gives an exact
-old snippet and its replacement. ``prepare`` reads the function's source with
-``inspect.getsource``, checks the snippet, compiles the edited source once in
-the function's own module globals and returns a ``PreparedEdit`` whose
-``apply``/``revert`` only assign ``__code__``. Assigning ``__code__`` (rather
-than rebinding a name) is what makes every existing reference see the edit:
-bound methods, ``from x import f`` copies and hook wrappers alike.
+A ``Fix`` is one or more ``SourceEdit``s, each naming one function by import
+path with an exact old snippet and its replacement. ``prepare`` reads each
+function's source with ``inspect.getsource``, checks the snippet, compiles the
+edited source once in the function's own module globals and returns a
+``PreparedFix`` whose ``apply``/``revert`` only assign ``__code__`` on every
+edited function together. Assigning ``__code__`` (rather than rebinding a
+name) is what makes every existing reference see the edit: bound methods,
+``from x import f`` copies and hook wrappers alike.
 
 The code here knows nothing about which fixes exist; ``replay.fixes`` does.
 """
@@ -21,6 +22,7 @@ import importlib
 import inspect
 import textwrap
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -46,10 +48,35 @@ class SourceEdit:
     indentation they have in the function.
     """
 
-    fix: str
     target: str
     old: str
     new: str
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One named fix: its edits are applied and reverted together."""
+
+    name: str
+    edits: tuple[SourceEdit, ...]
+
+    def __post_init__(self) -> None:
+        if not self.edits:
+            raise ValueError(f"fix {self.name!r} has no edits")
+
+
+def check_one_edit_per_function(fixes: Iterable[Fix]) -> None:
+    """Refuse two edits of one function (in one fix or two): each edit swaps
+    the whole code object, so the second would silently undo the first."""
+    owner: dict[str, str] = {}
+    for fix in fixes:
+        for edit in fix.edits:
+            if edit.target in owner:
+                raise ValueError(
+                    f"{edit.target} is edited by both {owner[edit.target]!r} and {fix.name!r}; "
+                    "combine them into one edit"
+                )
+            owner[edit.target] = fix.name
 
 
 @dataclass(eq=False)
@@ -71,6 +98,38 @@ class PreparedEdit:
     @property
     def is_applied(self) -> bool:
         return self.function.__code__ is self.patched
+
+
+@dataclass(eq=False)
+class PreparedFix:
+    """All edits of one fix, compiled; switched on and off as one."""
+
+    fix: Fix
+    edits: tuple[PreparedEdit, ...]
+
+    @property
+    def status(self) -> EditStatus:
+        # Already present only if upstream carries every edit; otherwise the
+        # missing edits are applied (a present one patches to itself).
+        if all(edit.status is EditStatus.ALREADY_PRESENT for edit in self.edits):
+            return EditStatus.ALREADY_PRESENT
+        return EditStatus.PATCHABLE
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(edit.edit.target for edit in self.edits)
+
+    def apply(self) -> None:
+        for edit in self.edits:
+            edit.apply()
+
+    def revert(self) -> None:
+        for edit in self.edits:
+            edit.revert()
+
+    @property
+    def is_applied(self) -> bool:
+        return all(edit.is_applied for edit in self.edits)
 
 
 @cache
@@ -102,8 +161,14 @@ def resolve(target: str) -> types.FunctionType:
     return obj
 
 
-def prepare(edit: SourceEdit) -> PreparedEdit:
-    """Check ``edit`` against the installed code and compile it (no swap yet)."""
+def prepare(fix: Fix) -> PreparedFix:
+    """Check every edit of ``fix`` against the installed code and compile it
+    (no swap yet). The first edit that does not fit raises ``FixMismatchError``."""
+    return PreparedFix(fix, tuple(prepare_edit(fix.name, edit) for edit in fix.edits))
+
+
+def prepare_edit(fix: str, edit: SourceEdit) -> PreparedEdit:
+    """Check one edit of the fix named ``fix`` and compile it (no swap yet)."""
     function = resolve(edit.target)
     original = function.__code__
     source = inspect.getsource(function)
@@ -117,12 +182,12 @@ def prepare(edit: SourceEdit) -> PreparedEdit:
             if not old_hits
             else f"the code to replace occurs {len(old_hits)} times, expected once"
         )
-        raise FixMismatchError(edit.fix, edit.target, sglang_version(), detail)
+        raise FixMismatchError(fix, edit.target, sglang_version(), detail)
     # The unedited source must compile to exactly the loaded code; otherwise
     # the file changed since import and an edit of it would patch blind.
     if not same_code(compile_like(function, source), original):
         raise FixMismatchError(
-            edit.fix,
+            fix,
             edit.target,
             sglang_version(),
             "the source on disk does not compile to the loaded code",

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 from replay.fixes import FIX_NAMES, FIXES
-from replay.patching import EditStatus, PreparedEdit, prepare, sglang_version
+from replay.patching import EditStatus, PreparedFix, prepare, sglang_version
 from tracer.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ FIXED = "fixed"
 ENV_VAR = "SCHEDTRACE_FIXES"
 VARIANT_NAMES: tuple[str, ...] = (STOCK, FIXED, *FIX_NAMES)
 
-_prepared: dict[str, PreparedEdit] = {}
+_prepared: dict[str, PreparedFix] = {}
 _active: frozenset[str] = frozenset()
 
 
@@ -59,19 +59,19 @@ def variant_label(fixes: frozenset[str]) -> str:
     return ",".join(name for name in FIX_NAMES if name in fixes)
 
 
-def prepared(fix: str) -> PreparedEdit:
-    """The checked, compiled edit for ``fix`` (done once per process)."""
-    edit = _prepared.get(fix)
-    if edit is None:
-        edit = _prepared[fix] = prepare(FIXES[fix])
-        if edit.status is EditStatus.ALREADY_PRESENT:
+def prepared(fix: str) -> PreparedFix:
+    """The checked, compiled edits of ``fix`` (done once per process)."""
+    edits = _prepared.get(fix)
+    if edits is None:
+        edits = _prepared[fix] = prepare(FIXES[fix])
+        if edits.status is EditStatus.ALREADY_PRESENT:
             logger.warning(
                 "fix %r already present in %s (sglang %s); nothing to patch",
                 fix,
-                edit.edit.target,
+                ", ".join(edits.targets),
                 sglang_version(),
             )
-    return edit
+    return edits
 
 
 def active_fixes() -> frozenset[str]:
@@ -83,9 +83,9 @@ def set_active(fixes: frozenset[str]) -> dict[str, EditStatus]:
     global _active
     fixes = frozenset(fixes)
     statuses = {fix: prepared(fix).status for fix in FIX_NAMES if fix in fixes}
-    for fix in fixes ^ _active:  # only what changes
-        edit = prepared(fix)
-        edit.apply() if fix in fixes else edit.revert()
+    for fix in fixes ^ _active:  # only what changes; a fix's edits go together
+        edits = prepared(fix)
+        edits.apply() if fix in fixes else edits.revert()
     _active = fixes
     return statuses
 

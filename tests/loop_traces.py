@@ -58,7 +58,7 @@ def latch_reproduction(path: Path) -> Path:
 GRID = 64  # the DCP mamba checkpoint grid (Header.mamba_chunk_grid)
 
 
-def one_chunk_reproduction(path: Path, *, radix_cache: bool = False) -> Path:
+def one_chunk_reproduction(path: Path, *, radix_cache: bool = False, late_arrival_ns: int | None = None) -> Path:
     """Default policy, a chunked request in flight, a second long request queued.
 
     With 1000-token chunks on the 64-token grid the continuing chunk is cut to
@@ -87,6 +87,9 @@ def one_chunk_reproduction(path: Path, *, radix_cache: bool = False) -> Path:
         Finish(t_ns=90 * MS, rid="second", output_len=10, reason="length"),
         Finish(t_ns=90 * MS, rid="third", output_len=10, reason="length"),
     ]
+    if late_arrival_ns is not None:  # one more request, long after the others
+        events.append(Arrival(t_ns=late_arrival_ns, rid="late", input_len=100, max_new_tokens=10, ignore_eos=True))
+        events.append(Finish(t_ns=late_arrival_ns + MS, rid="late", output_len=10, reason="length"))
     later = make_pass(1, t_ns=10 * MS, running=p.running, kv=p.kv, req_slots_free=9, chunked_prefill_size=1000)
     return write_trace(path, hdr, [p, *events[:2], later, *events[2:]])
 

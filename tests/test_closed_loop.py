@@ -109,6 +109,20 @@ def test_one_chunk_stock_raises_the_assert_every_pass_and_never_finishes(tmp_pat
     assert stock.stalls == 1 and stock.stall_runs[0].head_rid == "second"
 
 
+def test_a_stuck_arm_folds_the_passes_up_to_the_next_arrival(tmp_path):
+    # The clock has 10 ms passes: the late request comes 1000 passes in.
+    trace = one_chunk_reproduction(tmp_path / "one-chunk.trace", late_arrival_ns=10_000 * MS)
+    run = run_arms(trace, ["stock"])["stock"]
+    stock = run.outcome
+    assert stock.passes > 1000 and len(run.passes) < 100  # folded, not decided 1000 times
+    folded = max(run.passes, key=lambda p: p.repeat)
+    assert folded.repeat > 900 and folded.error.startswith("AssertionError")
+    assert stock.exceptions == sum(p.repeat for p in run.passes)  # every pass raised
+    assert stock.stall_runs[0].passes > 900
+    assert stock.completed == 2 and stock.stuck_at is not None
+    assert "late" not in stock.first_admission_passes  # queued behind the wedged chunk
+
+
 @pytest.mark.xfail(strict=True, reason=ONE_CHUNK_FIX_GAP)
 @pytest.mark.parametrize("arm", ["fixed", "one-chunk"])
 def test_one_chunk_fixed_completes_every_request(tmp_path, arm):

@@ -2,7 +2,7 @@
 
 Each fix gets a reproduction in the style of the PR's unit tests: stock shows
 the bug, the fix alone and ``fixed`` remove it, and after the block the stock
-code object is back. Real sglang objects throughout (allocator, radix cache,
+code objects are back (every edited function of a fix). Real sglang objects throughout (allocator, radix cache,
 Req, PrefillAdder, Scheduler method, attention handler); stand-ins only for
 scheduler collaborators the method touches but a CPU test cannot build.
 """
@@ -17,7 +17,7 @@ import torch
 
 from replay import variants
 from replay.fixes import FIX_NAMES, FIXES
-from replay.patching import EditStatus, SourceEdit, prepare
+from replay.patching import EditStatus, Fix, SourceEdit, check_one_edit_per_function, prepare
 from tracer.errors import FixMismatchError, UsageError
 
 # The one heavy import: everything below is the real sglang 0.5.23 code.
@@ -75,8 +75,8 @@ def kv_pool(pages: int, page_size: int = PAGE):
     return allocator, tree
 
 
-def make_req(rid: str, tree, input_len: int, max_new_tokens: int = 8) -> Req:
-    params = SamplingParams(max_new_tokens=max_new_tokens)
+def make_req(rid: str, tree, input_len: int, max_new_tokens: int = 8, ignore_eos: bool = False) -> Req:
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
     params.normalize(None)
     req = Req(rid, "", array("q", range(input_len)), params)
     req.init_next_round_input(tree)
@@ -156,6 +156,66 @@ def test_default_policy_rejects_second_unfinished_chunk(variant):
     else:
         assert result is AddReqResult.OTHER
         assert adder.new_chunked_req is None and adder.can_run_list == []
+
+
+def edited_functions(fix: str) -> list:
+    return [edit.function for edit in variants.prepared(fix).edits]
+
+
+def test_one_chunk_edits_both_admission_paths():
+    functions = edited_functions("one-chunk")
+    assert functions == [PrefillAdder._select_prefill_admission, PrefillAdder.add_one_req]
+
+
+def ignore_eos_adder(chunk: int = 256):
+    """A real adder on the ignore_eos path: radix cache off, ignore_eos request."""
+    allocator, tree = kv_pool(pages=512)
+    assert tree.disable  # what add_one_req checks to take the ignore_eos path
+    return tree, PrefillAdder(PAGE, tree, allocator, ScheduleBatch(reqs=[]), 0.5, 4096, chunk)
+
+
+@pytest.mark.parametrize("input_len", [257, 600])  # one token over the chunk budget, and far over
+@pytest.mark.parametrize("variant", ["stock", *variants_fixing("one-chunk")])
+def test_ignore_eos_path_rejects_second_unfinished_chunk(variant, input_len):
+    tree, adder = ignore_eos_adder(chunk=256)
+    second = make_req("second", tree, input_len=input_len, ignore_eos=True)
+    with variants.applied(variant):
+        result = adder.add_one_req(second, has_chunked_req=True, truncation_align_size=None)
+    if variant == "stock":
+        # add_one_req_ignore_eos chunked it: a second unfinished chunk.
+        assert adder.new_chunked_req is second and second.extend_end == 256
+    else:
+        assert result is AddReqResult.OTHER
+        assert adder.new_chunked_req is None and adder.can_run_list == []
+
+
+@pytest.mark.parametrize("variant", ["stock", "one-chunk"])
+def test_ignore_eos_guard_blocks_only_a_second_chunk(variant):
+    """The guard is exactly the path's chunking condition: a request that fits
+    the chunk budget whole is still admitted beside an unfinished chunk, and
+    with no chunk in flight a long one is still chunked."""
+    tree, adder = ignore_eos_adder(chunk=256)
+    whole = make_req("whole", tree, input_len=256, ignore_eos=True)  # == rem_chunk_tokens: the last chunk
+    with variants.applied(variant):
+        adder.add_one_req(whole, has_chunked_req=True, truncation_align_size=None)
+    assert adder.can_run_list == [whole] and adder.new_chunked_req is None
+    assert whole.extend_end == 256
+
+    tree, adder = ignore_eos_adder(chunk=256)
+    long = make_req("long", tree, input_len=600, ignore_eos=True)
+    with variants.applied(variant):
+        adder.add_one_req(long, has_chunked_req=False, truncation_align_size=None)
+    assert adder.new_chunked_req is long
+
+
+def test_one_chunk_revert_restores_both_code_objects():
+    functions = edited_functions("one-chunk")
+    originals = [function.__code__ for function in functions]
+    with variants.applied("one-chunk"):
+        assert variants.prepared("one-chunk").is_applied
+        assert all(f.__code__ is not code for f, code in zip(functions, originals))
+    assert [function.__code__ for function in functions] == originals
+    assert all(f.__code__ is code for f, code in zip(functions, originals))
 
 
 class _ReachedBatchInit(Exception):
@@ -301,57 +361,98 @@ def test_over_capacity_extend_stays_chunked_in_graph_context(variant):
 # ------------------------------------------------------------ the machinery
 
 
+def all_code() -> dict[tuple[str, str], object]:
+    """The current code object of every function any fix edits."""
+    return {
+        (fix, edit.edit.target): edit.function.__code__
+        for fix in FIX_NAMES
+        for edit in variants.prepared(fix).edits
+    }
+
+
 def test_revert_restores_the_exact_code_objects():
-    originals = {fix: variants.prepared(fix).function.__code__ for fix in FIX_NAMES}
+    originals = all_code()
     for _ in range(3):
         with variants.applied("fixed"):
-            for fix in FIX_NAMES:
-                assert variants.prepared(fix).function.__code__ is not originals[fix]
-                with variants.applied("stock"):  # nesting: stock inside fixed
-                    assert variants.prepared(fix).function.__code__ is originals[fix]
-        for fix in FIX_NAMES:
-            assert variants.prepared(fix).function.__code__ is originals[fix]
+            assert all(all_code()[key] is not code for key, code in originals.items())
+            with variants.applied("stock"):  # nesting: stock inside fixed
+                assert all(all_code()[key] is code for key, code in originals.items())
+        assert all(all_code()[key] is code for key, code in originals.items())
 
 
-def test_each_fix_alone_touches_only_its_function():
+def test_each_fix_alone_touches_only_its_functions():
+    originals = all_code()
     for fix in FIX_NAMES:
         with variants.applied(fix):
+            for (owner, target), code in all_code().items():
+                assert (code is not originals[owner, target]) == (owner == fix), target
             for other in FIX_NAMES:
                 assert variants.prepared(other).is_applied == (other == fix)
 
 
 def test_mismatch_names_function_fix_and_version():
-    edit = SourceEdit(
-        fix="chunk-cap",
-        target="sglang.srt.mem_cache.prefill_budget:PrefillBudget.fit_chunk",
-        old=FIXES["chunk-cap"].old,
-        new=FIXES["chunk-cap"].new,
-    )
+    (edit,) = FIXES["chunk-cap"].edits
+    fix = Fix("chunk-cap", (SourceEdit("sglang.srt.mem_cache.prefill_budget:PrefillBudget.fit_chunk", edit.old, edit.new),))
     with pytest.raises(FixMismatchError) as caught:
-        prepare(edit)
+        prepare(fix)
     message = str(caught.value)
     assert "chunk-cap" in message and "PrefillBudget.fit_chunk" in message
     assert "0.5.23" in message
 
 
+def test_mismatch_in_a_later_edit_names_that_function():
+    first, second = FIXES["one-chunk"].edits
+    wrong_place = SourceEdit("sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req_ignore_eos", second.old, second.new)
+    with pytest.raises(FixMismatchError) as caught:
+        prepare(Fix("one-chunk", (first, wrong_place)))
+    assert caught.value.function == wrong_place.target
+    assert caught.value.fix == "one-chunk"
+    assert PrefillAdder._select_prefill_admission.__code__ is variants.prepared("one-chunk").edits[0].original
+
+
 def test_already_present_is_reported_not_patched(caplog):
+    (chunk_cap,) = FIXES["chunk-cap"].edits
     # An edit whose "new" code is what sglang already has.
-    edit = SourceEdit(
-        fix="chunk-cap",
-        target=FIXES["chunk-cap"].target,
+    present = SourceEdit(
+        target=chunk_cap.target,
         old="return available if available > 0 else None",
-        new=FIXES["chunk-cap"].old,
+        new=chunk_cap.old,
     )
-    prepared = prepare(edit)
+    prepared = prepare(Fix("chunk-cap", (present,)))
     assert prepared.status is EditStatus.ALREADY_PRESENT
-    before = prepared.function.__code__
+    before = prepared.edits[0].function.__code__
     prepared.apply()
-    assert prepared.function.__code__ is before
+    assert prepared.edits[0].function.__code__ is before
+
+
+def test_fix_is_already_present_only_if_every_edit_is():
+    (chunk_cap,) = FIXES["chunk-cap"].edits
+    present = SourceEdit(chunk_cap.target, "return available if available > 0 else None", chunk_cap.old)
+    (latch,) = FIXES["latch"].edits
+    partly = prepare(Fix("mixed", (present, latch)))
+    assert [e.status for e in partly.edits] == [EditStatus.ALREADY_PRESENT, EditStatus.PATCHABLE]
+    assert partly.status is EditStatus.PATCHABLE
+    try:
+        partly.apply()  # the present edit patches to itself, the other applies
+        assert partly.edits[0].function.__code__ is partly.edits[0].original
+        assert partly.edits[1].function.__code__ is partly.edits[1].patched
+    finally:
+        partly.revert()
+    assert partly.edits[1].function.__code__ is partly.edits[1].original
+
+
+def test_two_edits_of_one_function_are_refused():
+    (latch,) = FIXES["latch"].edits
+    with pytest.raises(ValueError, match="_get_new_batch_prefill_raw"):
+        check_one_edit_per_function([*FIXES.values(), Fix("again", (latch,))])
+    with pytest.raises(ValueError, match="_get_new_batch_prefill_raw"):
+        check_one_edit_per_function([Fix("twice", (latch, latch))])
 
 
 def test_new_snippets_are_absent_from_stock():
     for fix in FIX_NAMES:
         assert variants.prepared(fix).status is EditStatus.PATCHABLE
+        assert all(edit.status is EditStatus.PATCHABLE for edit in variants.prepared(fix).edits)
 
 
 @pytest.mark.parametrize("bad", ["chunkcap", "stock,nope", ""])

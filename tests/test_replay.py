@@ -80,14 +80,6 @@ def test_one_chunk_repro_stock_raises_the_scheduler_assert(tmp_path: Path) -> No
     assert stock.admitted == [("first", repro.GRID_CHUNK), ("second", repro.LEFTOVER)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "sglang 0.5.23 + the PR's one-chunk fix: the guard sits in _select_prefill_admission, but "
-        "with the radix cache off and ignore_eos the second chunk is made in "
-        "PrefillAdder.add_one_req_ignore_eos, which has no guard, so fixed asserts too"
-    ),
-)
 @pytest.mark.parametrize("arm", ["one-chunk", "fixed"])
 def test_one_chunk_fix_prevents_the_second_chunk(tmp_path: Path, arm: str) -> None:
     report = run_replay(repro.one_chunk_trace(tmp_path / "t.trace"), "stock", arm)
