@@ -66,7 +66,6 @@ def test_one_chunk_bisect_finds_the_assert_stall_and_no_fix_set(tmp_path):
     assert closed.fix_set is None and len(closed.tried) == 15
 
 
-@pytest.mark.xfail(strict=True, reason=ONE_CHUNK_FIX_GAP)
 def test_one_chunk_bisect_names_one_chunk(tmp_path):
     trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
     (closed,) = run_bisect(trace, modes=("closed-loop",)).closed_loop

@@ -51,14 +51,19 @@ def run_subcommand(args: list[str]) -> bool | None:
     return not (isinstance(returned, int) and returned != 0)
 
 
-@click.command("demo")
+@click.command("demo", context_settings={"ignore_unknown_options": True})
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True,
               help="Directory for traces, logs, load results and the replay report.")
 @click.option("--prompts", type=click.IntRange(1), default=LoadSpec.num_prompts, show_default=True,
               help="Requests bench_serving sends.")
-def demo(out_dir: Path, prompts: int) -> None:
-    """Trace a KV-pressure overload of the real sglang server on CPU, then replay it."""
+@click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
+def demo(out_dir: Path, prompts: int, launch_args: tuple[str, ...]) -> None:
+    """Trace a KV-pressure overload of the real sglang server on CPU, then replay it.
+
+    Arguments after `--` go to sglang.launch_server after the overload flags
+    (a later flag wins), e.g. `schedtrace demo -- --schedule-policy lpm`.
+    """
     out_dir = out_dir.resolve()
     trace_dir = out_dir / "traces"
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -68,8 +73,9 @@ def demo(out_dir: Path, prompts: int) -> None:
     spec = LoadSpec(num_prompts=prompts)
     failures: list[str] = []
 
-    step(f"starting sglang on CPU with {' '.join(KV_PRESSURE_ARGS)}, tracing into {trace_dir}")
-    server = SandboxServer(trace_dir=trace_dir, extra_args=KV_PRESSURE_ARGS,
+    server_args = [*KV_PRESSURE_ARGS, *launch_args]
+    step(f"starting sglang on CPU with {' '.join(server_args)}, tracing into {trace_dir}")
+    server = SandboxServer(trace_dir=trace_dir, extra_args=server_args,
                            log_path=out_dir / "server.log")
     with server:
         click.echo(f"    server ready at {server.url} in {server.start_seconds:.1f}s "
