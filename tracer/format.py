@@ -262,17 +262,9 @@ class TraceReader:
         )
         position = start
         while position < limit:
-            try:
-                unpacker.skip()
-            except msgpack.OutOfData:
+            if not self._skip_one(unpacker, position):
                 self.truncated_at = position
                 return
-            except msgpack.BufferFull:
-                raise TraceFormatError(
-                    self.path, position, f"record larger than the {self.max_record_bytes}-byte limit"
-                ) from None
-            except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
-                raise TraceFormatError(self.path, position, f"not a msgpack record ({exc})") from None
             end = start + unpacker.tell()
             if end > limit:
                 raise TraceFormatError(self.path, position, "record runs into the footer")
@@ -288,18 +280,24 @@ class TraceReader:
             upto = min(fed + chunk, limit)
             unpacker.feed(self._mm[fed:upto])
             fed, chunk = upto, chunk * 4
-            try:
-                unpacker.skip()
+            if self._skip_one(unpacker, offset):
                 return offset + unpacker.tell()
-            except msgpack.OutOfData:
-                if fed >= limit:
-                    raise TraceFormatError(self.path, offset, "truncated record") from None
-            except msgpack.BufferFull:
-                raise TraceFormatError(
-                    self.path, offset, f"record larger than the {self.max_record_bytes}-byte limit"
-                ) from None
-            except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
-                raise TraceFormatError(self.path, offset, f"not a msgpack record ({exc})") from None
+            if fed >= limit:
+                raise TraceFormatError(self.path, offset, "truncated record")
+
+    def _skip_one(self, unpacker: msgpack.Unpacker, offset: int) -> bool:
+        """Step over one object; False if the bytes end inside it."""
+        try:
+            unpacker.skip()
+        except msgpack.OutOfData:
+            return False
+        except msgpack.BufferFull:
+            raise TraceFormatError(
+                self.path, offset, f"record larger than the {self.max_record_bytes}-byte limit"
+            ) from None
+        except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
+            raise TraceFormatError(self.path, offset, f"not a msgpack record ({exc})") from None
+        return True
 
     def _decode(self, offset: int, end: int) -> Record | None:
         data = self._mm[offset:end]
