@@ -25,7 +25,7 @@ from pathlib import Path
 
 from replay.capture import recorded_decision
 from replay.report import Stall
-from replay.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
+from replay.stalls import DEFAULT_MIN_PASSES, StallScanner
 from tracer.format import TraceReader
 from tracer.info import summarize
 from tracer.load import LoadResult, LoadSpec, run_load
@@ -86,13 +86,11 @@ def trace_facts(paths: list[Path], stall_passes: int = DEFAULT_MIN_PASSES) -> Tr
             facts.over_asks += anomalies["failed_allocs"]
             facts.exceptions += [e["message"] for e in anomalies["exception_list"]]
             facts.arrivals += summary["requests"]
-            scanner = StallScanner(stall_passes)
+            scanner = StallScanner(stall_passes, reader.header.server_args.max_running_requests)
             for _, record in reader.records():
                 if isinstance(record, Pass):
                     facts.pass_records += 1
-                    head = record.waiting[0].rid if record.waiting else None
-                    stalled = is_stalled(record, recorded_decision(record))
-                    scanner.feed(record.seq, record.repeat, record.idle_before, stalled, head)
+                    scanner.feed_pass(record, recorded_decision(record))
                 elif isinstance(record, Finish):
                     facts.finished += 1
             facts.stalls += scanner.finish()

@@ -309,7 +309,7 @@ def run_arm(
     next_arrival = 0
     arrived: dict[str, int] = {r.rid: 0 for r in loop.initial.waiting}  # rid -> step it arrived
     first_admitted: dict[str, int] = {}
-    over_asks = exceptions = completed = queue_peak = retractions = 0
+    over_asks = exceptions = completed = queue_peak = retractions = truncated = 0
     errors: list[ArmError] = []
     effective: list[Decision] = []  # what each pass really admitted (stall detection)
     stuck_at: int | None = None
@@ -368,6 +368,7 @@ def run_arm(
         for rid in result.admitted:
             first_admitted.setdefault(rid, step)
         retractions += len(result.retracted)
+        truncated += len(result.truncated)
         step += 1
         # A state that does not change decides the same again (the driver is
         # deterministic): once that has lasted longer than a stall, nothing
@@ -403,6 +404,7 @@ def run_arm(
         stall_runs=run.stalls,
         errors=errors,
         retractions=retractions,
+        truncated_prefills=truncated,
         unfinished=left,
         stuck_at=stuck_at,
     )

@@ -134,8 +134,12 @@ class _Replayer:
             fixes = [fix for fix in _fix_names() if not divergence_kinds(self._decide(p, fix), new)]
             self._divergence(record.seq, record.t_ns, kinds, old, new, fixes)
         head = p.waiting[0].rid if p.waiting else None
+        max_running = self.driver.header.server_args.max_running_requests
         chunk.stall_rows.append(
-            _StallRow(record.seq, record.repeat, record.idle_before, head, is_stalled(p, old), is_stalled(p, new))
+            _StallRow(
+                record.seq, record.repeat, record.idle_before, head,
+                is_stalled(p, old, max_running), is_stalled(p, new, max_running),
+            )
         )
 
     def _aiter(self, event: Aiter, variant: str) -> Decision:
@@ -286,7 +290,7 @@ def replay_trace(
 
     stalls = {}
     for arm, attr in ((old, "stalled_old"), (new, "stalled_new")):
-        scanner = StallScanner(stall_passes)
+        scanner = StallScanner(stall_passes, header.server_args.max_running_requests)
         for row in result.stall_rows:
             scanner.feed(row.seq, row.repeat, row.idle_before, getattr(row, attr), row.head_rid)
         stalls[arm] = scanner.finish()

@@ -10,7 +10,9 @@ finishes). ``to_pass`` turns it into the ``Pass`` the driver decides on;
 * admission allocates the page-rounded extend (evicting when free runs out)
   and takes a request slot; a cached prefix leaves the evictable count;
 * the continuing chunk and a new chunk advance the chunked request; a
-  request whose prefill completes produces its first token and runs;
+  request whose prefill completes produces its first token and runs; so
+  does an unfinished new chunk the scheduler does not track (a second new
+  chunk in one pass): sglang commits its output on part of its prompt;
 * every request running at pass entry decodes one token (page growth);
   when that does not fit, requests are retracted in sglang's order;
 * a request that reaches its recorded output length finishes: its KV
@@ -108,6 +110,7 @@ class StepResult:
     admitted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     retracted: list[str] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)  # ran on part of the prompt (untracked chunk)
     failed: bool = False  # raised or could not allocate: admitted nothing
     kv_shortfall: int = 0  # tokens the admission asked beyond free + evictable
 
@@ -322,10 +325,14 @@ def _admit(
         _hold(req, req.prefix_len, kv, page_size)
         if req.prefix_len >= req.fill_len:
             prefilled.append(req)
-        else:
+        elif rid == decision.new_chunked_rid:
             state.chunked = req  # the adder's new chunked request
-    if decision.new_chunked_rid is not None and decision.new_chunked_rid in extends:
-        state.chunked = by_rid[decision.new_chunked_rid]
+        else:
+            # An unfinished chunk the scheduler does not track (a later new
+            # chunk took the one chunked_req slot): sglang commits its output
+            # as if the prefill were done, so it runs on part of its prompt.
+            prefilled.append(req)
+            result.truncated.append(rid)
 
 
 def _hold(req: LoopReq, tokens: int, kv: _Kv, page_size: int) -> None:

@@ -93,6 +93,7 @@ class ArmOutcome(msgspec.Struct, kw_only=True):
     stall_runs: list[Stall] = []  # the stalls counted above, in closed-loop pass numbers
     errors: list[ArmError] = []  # the first exceptions (``exceptions`` counts them all)
     retractions: int = 0  # requests retracted for decode KV
+    truncated_prefills: int = 0  # untracked unfinished chunks run on part of their prompt
     unfinished: int = 0  # requests still waiting, running or to arrive when the loop stopped
     stuck_at: int | None = None  # pass after which the state could never change again
 

@@ -94,10 +94,12 @@ def one_chunk_reproduction(path: Path, *, radix_cache: bool = False, late_arriva
     return write_trace(path, hdr, [p, *events[:2], later, *events[2:]])
 
 
-# The PR's one-chunk guard sits in PrefillAdder._select_prefill_admission; the
-# only route to the assert on one KV pool is add_one_req_ignore_eos, which has
-# no guard, so the fixed arms assert too (tests/test_replay.py has the same xfail).
-ONE_CHUNK_FIX_GAP = (
-    "sglang 0.5.23 + the PR's one-chunk fix: with the radix cache off and ignore_eos the "
-    "second chunk is made in PrefillAdder.add_one_req_ignore_eos, which has no guard"
+# The one-chunk guard (PR + the ignore_eos edit) checks only the chunk already
+# in flight (has_chunked_req), not one this pass has just started
+# (adder.new_chunked_req). On the ignore_eos route a pass that finishes the old
+# chunk can start two new ones; the second takes the one chunked_req slot and
+# sglang commits the first's output on part of its prompt.
+ONE_CHUNK_SAME_PASS_GAP = (
+    "one-chunk guards has_chunked_req only: add_one_req_ignore_eos can start two new "
+    "chunks in one pass, and the untracked one runs on a truncated prompt"
 )

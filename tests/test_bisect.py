@@ -12,7 +12,6 @@ from tracer.cli import main
 from loop_traces import (
     FIRST_RUNNING_FINISH,
     LATCH_PASSES,
-    ONE_CHUNK_FIX_GAP,
     latch_reproduction,
     one_chunk_reproduction,
 )
@@ -56,20 +55,17 @@ def test_bisect_from_a_later_pass_finds_that_onset(tmp_path):
     assert closed.fix_set == ["latch"]
 
 
-def test_one_chunk_bisect_finds_the_assert_stall_and_no_fix_set(tmp_path):
+def test_one_chunk_bisect_names_one_chunk(tmp_path):
     trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
     report = run_bisect(trace, modes=("closed-loop",))
     (closed,) = report.closed_loop
     assert closed.stall.start_pass == 0 and closed.stall.head_rid == "second"
-    # Stock and fixed both raise on the first pass: same decision, no divergence there.
-    assert closed.first_divergence is None
-    assert closed.fix_set is None and len(closed.tried) == 15
-
-
-def test_one_chunk_bisect_names_one_chunk(tmp_path):
-    trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
-    (closed,) = run_bisect(trace, modes=("closed-loop",)).closed_loop
+    assert closed.first_divergence.pass_ == 0
+    assert closed.first_divergence.kinds == ["admitted", "error"]
+    assert closed.first_divergence.stock.error.startswith("AssertionError")
+    assert closed.first_divergence.fixed.error is None
     assert closed.fix_set == ["one-chunk"]
+    assert closed.tried == ["aiter", "chunk-cap", "latch", "one-chunk"]
 
 
 def test_cli_writes_deterministic_json_and_exits_1_on_stalls(tmp_path, capsys):

@@ -17,7 +17,7 @@ from tracer.schema import Arrival, Finish, Idle, KvSnapshot
 from loop_traces import (
     FIRST_RUNNING_FINISH,
     MS,
-    ONE_CHUNK_FIX_GAP,
+    ONE_CHUNK_SAME_PASS_GAP,
     latch_reproduction,
     one_chunk_reproduction,
 )
@@ -123,20 +123,34 @@ def test_a_stuck_arm_folds_the_passes_up_to_the_next_arrival(tmp_path):
     assert "late" not in stock.first_admission_passes  # queued behind the wedged chunk
 
 
-@pytest.mark.xfail(strict=True, reason=ONE_CHUNK_FIX_GAP)
 @pytest.mark.parametrize("arm", ["fixed", "one-chunk"])
-def test_one_chunk_fixed_completes_every_request(tmp_path, arm):
+def test_one_chunk_fixed_never_asserts_and_completes_every_request(tmp_path, arm):
     trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
-    outcome = run_closed_loop(trace, [arm]).arms[arm]
-    assert outcome.exceptions == 0 and outcome.completed == 5 and outcome.unfinished == 0
+    run = run_arms(trace, [arm])[arm]
+    outcome = run.outcome
+    assert outcome.exceptions == 0 and outcome.stalls == 0
+    assert outcome.completed == 5 and outcome.unfinished == 0 and outcome.stuck_at is None
+    # The guard keeps "second" out while "first" is in flight, cut on the grid.
+    assert run.decisions[0].admitted == [("first", 960)]
 
 
-def test_one_chunk_fixed_arms_assert_too_on_the_ignore_eos_route(tmp_path):
-    """What the xfail above pins down, stated positively."""
+@pytest.mark.parametrize("arm", ["fixed", "one-chunk"])
+def test_one_chunk_fixed_still_starts_two_chunks_in_the_pass_the_first_one_ends(tmp_path, arm):
+    """Found by the closed loop: the pass that finishes "first" starts "second"
+    (896 of 3000 tokens) and then "third" (24 of 800) as new chunks; only
+    "third" is tracked, so "second" runs on 896 tokens of its prompt."""
     trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
-    for arm, outcome in run_closed_loop(trace, ["fixed", "one-chunk"]).arms.items():
-        assert outcome.exceptions > 0 and outcome.errors[0].error.startswith("AssertionError"), arm
-        assert outcome.completed == 2, arm
+    run = run_arms(trace, [arm])[arm]
+    third_pass = run.decisions[2]
+    assert third_pass.admitted == [("first", 80), ("second", 896), ("third", 24)]
+    assert third_pass.new_chunked_rid == "third" and third_pass.error is None
+    assert run.outcome.truncated_prefills == 1
+
+
+@pytest.mark.xfail(strict=True, reason=ONE_CHUNK_SAME_PASS_GAP)
+def test_one_chunk_fixed_runs_every_request_on_its_whole_prompt(tmp_path):
+    trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
+    assert run_closed_loop(trace, ["fixed"]).arms["fixed"].truncated_prefills == 0
 
 
 def test_with_the_radix_cache_on_nothing_raises_and_all_complete(tmp_path):

@@ -194,3 +194,13 @@ def test_pass_clock_survives_a_clock_running_backwards():
     clock = PassClock([(0, 1_000), (5, 500), (10, 2_000)])
     assert clock.times == [1_000, 1_000, 2_000]
     assert clock.iteration_at(1_500) == 8
+
+
+def test_an_untracked_unfinished_chunk_runs_on_part_of_its_prompt():
+    # Two new chunks in one pass: only the decision's new_chunked_rid is tracked.
+    s = state(waiting=[waiting("a", 300), waiting("b", 300)])
+    after, result = step(s, Decision(admitted=[("a", 100), ("b", 50)], new_chunked_rid="b"))
+    assert after.chunked.rid == "b" and after.chunked.prefix_len == 50
+    assert [r.rid for r in after.running] == ["a"] and after.running[0].output_len == 1
+    assert result.truncated == ["a"]
+    assert after.free == 1000 - 150 and after.req_slots_free == 2

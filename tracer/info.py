@@ -7,10 +7,10 @@ Anomalies:
 
 * failed allocation: an ``alloc`` record with ``ok`` false;
 * exception: a pass with ``error`` set, or a ``hook_error`` record;
-* stalled-while-free run: at least ``--min-run`` consecutive passes (repeats
-  counted) that admitted nothing and ran no chunk although the head of the
-  waiting queue fit in free KV, i.e. ``kv.available + kv.evictable >=
-  input_len + output_len - prefix_len`` of the first waiting request.
+* stall: at least ``--min-run`` consecutive passes (repeats counted) that
+  admitted nothing and ran no chunk although a request slot was free and the
+  head of the waiting queue fit in free + evictable KV (``replay.stalls``
+  holds the one definition).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from typing import Any
 
 import click
 
+from replay.capture import recorded_decision
+from replay.report import Stall
+from replay.stalls import StallScanner
 from tracer.format import TraceReader
 from tracer.schema import Alloc, HookError, Idle, Loss, Pass
 
@@ -28,12 +31,12 @@ DEFAULT_MIN_RUN = 100
 MAX_LISTED = 20  # anomalies listed per kind (all are counted)
 
 
-def _head_fits(p: Pass) -> bool:
-    if not p.waiting:
-        return False
-    head = p.waiting[0]
-    need = head.input_len + head.output_len - head.prefix_len
-    return p.kv.available + p.kv.evictable >= need
+def _stall_row(reader: TraceReader, stall: Stall) -> dict[str, Any]:
+    onset = reader.pass_at(stall.start_pass - reader.header.first_pass)
+    return {
+        "first_pass": stall.start_pass, "passes": stall.passes, "t_ns": onset.t_ns,
+        "head_rid": stall.head_rid, "kv_free": onset.kv.available + onset.kv.evictable,
+    }
 
 
 def summarize(reader: TraceReader, min_run: int = DEFAULT_MIN_RUN) -> dict[str, Any]:
@@ -45,19 +48,7 @@ def summarize(reader: TraceReader, min_run: int = DEFAULT_MIN_RUN) -> dict[str, 
     failed_alloc_count = 0
     exceptions: list[dict[str, Any]] = []
     exception_count = 0
-    stalls: list[dict[str, Any]] = []
-    run_start: Pass | None = None
-    run_len = 0
-
-    def close_run() -> None:
-        nonlocal run_start, run_len
-        if run_start is not None and run_len >= min_run:
-            stalls.append({
-                "first_pass": run_start.seq, "passes": run_len, "t_ns": run_start.t_ns,
-                "head_rid": run_start.waiting[0].rid,
-                "kv_free": run_start.kv.available + run_start.kv.evictable,
-            })
-        run_start, run_len = None, 0
+    scanner = StallScanner(min_run, header.server_args.max_running_requests)
 
     for offset, record in reader.records():
         tag = record.__struct_config__.tag
@@ -72,13 +63,7 @@ def summarize(reader: TraceReader, min_run: int = DEFAULT_MIN_RUN) -> dict[str, 
                 exception_count += 1
                 if len(exceptions) < MAX_LISTED:
                     exceptions.append({"kind": "pass", "seq": record.seq, "offset": offset, "message": record.error})
-            stalled = not record.admitted and record.chunk is None and _head_fits(record)
-            if stalled:
-                if run_start is None:
-                    run_start = record
-                run_len += record.repeat
-            else:
-                close_run()
+            scanner.feed_pass(record, recorded_decision(record))
         elif kind is Idle:
             idle += record.count
         elif kind is Loss:
@@ -95,7 +80,7 @@ def summarize(reader: TraceReader, min_run: int = DEFAULT_MIN_RUN) -> dict[str, 
             exception_count += 1
             if len(exceptions) < MAX_LISTED:
                 exceptions.append({"kind": "hook", "hook": record.hook, "offset": offset, "message": record.message, "count": record.count})
-    close_run()
+    stalls = [_stall_row(reader, stall) for stall in scanner.finish()]
     tags.pop("header", None)
     events = {k: v for k, v in sorted(tags.items()) if k != "pass"}
     return {
@@ -179,7 +164,7 @@ def render(summary: dict[str, Any]) -> None:
     for e in a["exception_list"]:
         where = f"pass {e['seq']}" if e["kind"] == "pass" else f"hook {e['hook']}"
         console.print(f"    {where}: {e['message']}")
-    console.print(f"  stalls while KV was free (>= {a['stall_min_run']} passes): {len(a['stalls_while_kv_free'])}")
+    console.print(f"  stalls, slot and KV free (>= {a['stall_min_run']} passes): {len(a['stalls_while_kv_free'])}")
     for s in a["stalls_while_kv_free"]:
         console.print(f"    from pass {s['first_pass']}: {s['passes']} passes, head {s['head_rid']} fits in {s['kv_free']} free tokens")
 
@@ -190,7 +175,8 @@ def render(summary: dict[str, Any]) -> None:
 @click.option(
     "--min-run", default=DEFAULT_MIN_RUN, show_default=True, type=click.IntRange(min=1),
     help="Report a stall: this many consecutive passes (repeats counted) that admitted "
-    "nothing and ran no chunk although the head waiting request fit in free + evictable KV.",
+    "nothing and ran no chunk although a request slot was free and the head waiting "
+    "request fit in free + evictable KV.",
 )
 def info(trace: str, as_json: bool, min_run: int) -> None:
     """Summarize TRACE: header, counts, idle passes, losses, truncation and anomalies

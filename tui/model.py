@@ -16,7 +16,7 @@ from typing import Final
 
 from replay.capture import recorded_decision  # noqa: F401 - the one Pass -> Decision mapping (re-exported)
 from replay.report import Decision, Divergence, Report
-from replay.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
+from replay.stalls import DEFAULT_MIN_PASSES, StallScanner
 from tracer.format import TraceReader
 from tracer.schema import Abort, Alloc, Arrival, Finish, Header, Loss, Pass, Retract
 
@@ -218,7 +218,7 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     from tracer.errors import TraceFormatError
 
     out = ScanResult()
-    stall_scanner = StallScanner(DEFAULT_MIN_PASSES)
+    stall_scanner = StallScanner(DEFAULT_MIN_PASSES, reader.header.server_args.max_running_requests)
     s = out.series
     waiting, running, kv_free, kv_evict, chunk = (s[name] for name in SERIES)
     rids = out.rids
@@ -239,9 +239,7 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
                 out.results.append(_RESULT_CODE[pass_result(record)])
                 if record.error:
                     out.error_passes.append(n)
-                stall_scanner.feed(n, record.repeat, record.idle_before,
-                                   is_stalled(record, recorded_decision(record)),
-                                   record.waiting[0].rid if record.waiting else None)
+                stall_scanner.feed_pass(record, recorded_decision(record), seq=n)
                 for rid, at in pending_arrivals:
                     span = rids.setdefault(rid, RidSpan(n, n))
                     span.arrival_ns = at
