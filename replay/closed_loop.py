@@ -361,7 +361,9 @@ def run_arm(
         )
         if recorded:
             # A pass that failed admitted nothing, whatever the adder had picked.
-            effective.append(msgspec.structs.replace(decision, admitted=[]) if result.failed else decision)
+            effective.append(
+                msgspec.structs.replace(decision, admitted=[], chunk_size=None) if result.failed else decision
+            )
         if decision.over_ask > 0 or result.kv_shortfall > 0:
             over_asks += 1
         completed += len(result.finished)
@@ -388,7 +390,7 @@ def run_arm(
             else:
                 idle += skip
             step += skip
-    run.stalls = find_stalls(run.passes, effective, stall_passes)
+    run.stalls = find_stalls(run.passes, effective, stall_passes, loop.header.server_args.max_running_requests)
     left = len(state.waiting) + len(state.running) + (state.chunked is not None) + (len(pending) - next_arrival)
     run.outcome = ArmOutcome(
         stalls=len(run.stalls),

@@ -50,8 +50,9 @@ ONE_CHUNK = Fix(
                     return AddReqResult.OTHER
             """,
             new="""
-                if has_chunked_req:
-                    # Only one unfinished chunked request can be tracked, under any policy.
+                if has_chunked_req or self.new_chunked_req is not None:
+                    # Only one unfinished chunked request can be tracked, under any
+                    # policy: the one in flight or the one this pass started.
                     return AddReqResult.OTHER
             """,
         ),
@@ -67,14 +68,15 @@ ONE_CHUNK = Fix(
             new="""
                 if req.sampling_params.ignore_eos and getattr(self.tree_cache, "disable", True):
                     if (
-                        has_chunked_req
+                        (has_chunked_req or self.new_chunked_req is not None)
                         and self.dllm_config is None
                         and self.rem_chunk_tokens is not None
                         and len(req.full_untruncated_fill_ids) - req.prefix_len
                         > self.rem_chunk_tokens
                     ):
-                        # add_one_req_ignore_eos would start a second chunk, and only
-                        # one unfinished chunked request can be tracked.
+                        # add_one_req_ignore_eos would start a second chunk (its cut
+                        # falls back to any leftover), and only one unfinished
+                        # chunked request can be tracked.
                         return AddReqResult.OTHER
                     return self.add_one_req_ignore_eos(req)
             """,

@@ -93,13 +93,3 @@ def one_chunk_reproduction(path: Path, *, radix_cache: bool = False, late_arriva
     later = make_pass(1, t_ns=10 * MS, running=p.running, kv=p.kv, req_slots_free=9, chunked_prefill_size=1000)
     return write_trace(path, hdr, [p, *events[:2], later, *events[2:]])
 
-
-# The one-chunk guard (PR + the ignore_eos edit) checks only the chunk already
-# in flight (has_chunked_req), not one this pass has just started
-# (adder.new_chunked_req). On the ignore_eos route a pass that finishes the old
-# chunk can start two new ones; the second takes the one chunked_req slot and
-# sglang commits the first's output on part of its prompt.
-ONE_CHUNK_SAME_PASS_GAP = (
-    "one-chunk guards has_chunked_req only: add_one_req_ignore_eos can start two new "
-    "chunks in one pass, and the untracked one runs on a truncated prompt"
-)

@@ -17,7 +17,6 @@ from tracer.schema import Arrival, Finish, Idle, KvSnapshot
 from loop_traces import (
     FIRST_RUNNING_FINISH,
     MS,
-    ONE_CHUNK_SAME_PASS_GAP,
     latch_reproduction,
     one_chunk_reproduction,
 )
@@ -135,19 +134,20 @@ def test_one_chunk_fixed_never_asserts_and_completes_every_request(tmp_path, arm
 
 
 @pytest.mark.parametrize("arm", ["fixed", "one-chunk"])
-def test_one_chunk_fixed_still_starts_two_chunks_in_the_pass_the_first_one_ends(tmp_path, arm):
-    """Found by the closed loop: the pass that finishes "first" starts "second"
-    (896 of 3000 tokens) and then "third" (24 of 800) as new chunks; only
-    "third" is tracked, so "second" runs on 896 tokens of its prompt."""
+def test_one_chunk_fixed_starts_one_chunk_in_the_pass_the_first_one_ends(tmp_path, arm):
+    """Found by the closed loop: on the ignore_eos route the pass that finishes
+    "first" used to start "second" (896 of 3000 tokens) and then "third" (24 of
+    800, the cut falling back to the leftover) as new chunks; only "third" was
+    tracked, so "second" ran on 896 tokens of its prompt. The fix keeps "third"
+    out while "second" is this pass's new chunk."""
     trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
     run = run_arms(trace, [arm])[arm]
     third_pass = run.decisions[2]
-    assert third_pass.admitted == [("first", 80), ("second", 896), ("third", 24)]
-    assert third_pass.new_chunked_rid == "third" and third_pass.error is None
-    assert run.outcome.truncated_prefills == 1
+    assert third_pass.admitted == [("first", 80), ("second", 896)]
+    assert third_pass.new_chunked_rid == "second" and third_pass.error is None
+    assert run.outcome.truncated_prefills == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ONE_CHUNK_SAME_PASS_GAP)
 def test_one_chunk_fixed_runs_every_request_on_its_whole_prompt(tmp_path):
     trace = one_chunk_reproduction(tmp_path / "one-chunk.trace")
     assert run_closed_loop(trace, ["fixed"]).arms["fixed"].truncated_prefills == 0
