@@ -75,6 +75,19 @@ def _summary(report: Report, console) -> None:
         if errors:
             line += f" (first error: pass {errors[0].pass_}: {errors[0].error})"
         console.print(line)
+    if report.closed_loop is not None:
+        _closed_loop_summary(report.closed_loop, console)
+
+
+def _closed_loop_summary(loop, console) -> None:
+    from rich.table import Table
+
+    table = Table("arm", "completed", "unfinished", "stalls", "over-asks", "exceptions", "queue peak",
+                  title=f"closed loop from pass {loop.from_pass} ({loop.passes} passes)")
+    for arm, o in loop.arms.items():
+        table.add_row(arm, str(o.completed), str(o.unfinished), f"{o.stalls} ({o.stalled_passes} passes)",
+                      str(o.over_asks), str(o.exceptions), str(o.queue_peak))
+    console.print(table)
 
 
 @click.command()

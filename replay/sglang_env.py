@@ -10,20 +10,12 @@ stubbed. Replay never calls a kernel.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import logging
 
-from tracer.kernel_stub import STUB_DIR
-
-_MODULE = "_schedtrace_kernel_stub"
+from tracer.kernel_stub import install
 
 
 def ensure_sglang_importable() -> None:
-    if _MODULE in sys.modules or "sgl_kernel" in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(_MODULE, STUB_DIR / "sitecustomize.py")
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_MODULE] = module
-    spec.loader.exec_module(module)  # installs the meta-path finder
+    install()
+    # sglang logs this at import on any machine without CUDA; replay needs none.
+    logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)

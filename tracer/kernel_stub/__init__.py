@@ -1,14 +1,93 @@
 """A stand-in for the ``sgl_kernel`` import, for sglang processes on CPU.
 
 ``sgl_kernel`` ships CUDA-only native ops; importing it without libcuda fails,
-and sglang imports it unconditionally. Putting ``STUB_DIR`` first on
-``PYTHONPATH`` makes every Python process started with that environment
-(the server and its scheduler and detokenizer children) run this directory's
-``sitecustomize``, which installs the stand-in.
+and sglang imports it unconditionally. ``install()`` puts a meta-path finder
+first: nothing happens until something imports ``sgl_kernel``; the real
+package is tried first, and only if it fails to load (no libcuda) is it
+replaced by a module whose every attribute is a ``MagicMock``, as sglang's
+own ``maybe_stub_sgl_kernel`` does. Other imports are never touched.
+
+Server processes get it from ``sitecustomize`` in ``STUB_DIR`` (first on
+their ``PYTHONPATH``), so the scheduler and detokenizer children have it
+too; replay calls ``install()`` in its own process.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
 from pathlib import Path
 
 STUB_DIR = Path(__file__).resolve().parent
+
+_PACKAGE = "sgl_kernel"
+
+
+def _is_kernel_module(fullname: str) -> bool:
+    return fullname == _PACKAGE or fullname.startswith(_PACKAGE + ".")
+
+
+def _make_stub(module) -> None:
+    from unittest.mock import MagicMock
+
+    module.__path__ = []  # a package, so ``import sgl_kernel.x`` reaches the finder
+    module.__getattr__ = lambda name: MagicMock(name=f"{module.__name__}.{name}")
+
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        _make_stub(module)
+
+
+class _RealOrStubLoader(importlib.abc.Loader):
+    """Runs the real ``sgl_kernel``; on ImportError/OSError turns it into the stub."""
+
+    def __init__(self, finder: "_SglKernelFinder", real_loader) -> None:
+        self._finder = finder
+        self._real_loader = real_loader
+
+    def create_module(self, spec):
+        return self._real_loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        try:
+            self._real_loader.exec_module(module)
+            self._finder.stubbing = False
+        except (ImportError, OSError):
+            self._finder.stubbing = True
+            # Drop what the failed import left behind, then stub in place.
+            for name in [m for m in sys.modules if m.startswith(_PACKAGE + ".")]:
+                del sys.modules[name]
+            keep = {"__name__", "__spec__", "__loader__", "__package__"}
+            for attr in [a for a in vars(module) if a not in keep]:
+                delattr(module, attr)
+            _make_stub(module)
+
+
+class _SglKernelFinder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.stubbing: bool | None = None  # None: not decided yet
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not _is_kernel_module(fullname):
+            return None
+        if self.stubbing:
+            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+        if fullname != _PACKAGE or self.stubbing is False:
+            return None  # the real package is loaded: let it import its own parts
+        real = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if real is None or real.loader is None:
+            self.stubbing = True
+            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+        real.loader = _RealOrStubLoader(self, real.loader)
+        return real
+
+
+def install() -> None:
+    """Install the finder in this process (idempotent)."""
+    if not any(isinstance(f, _SglKernelFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SglKernelFinder())
