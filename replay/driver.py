@@ -8,7 +8,9 @@ Stable API (closed-loop replay and bisect build on it)::
 
 ``decide`` reads only the *input* fields of the pass (``waiting``,
 ``running``, ``chunked``, ``batch_is_full_in``, ``kv``, ``req_slots_free``,
-``new_token_ratio``, ``chunked_prefill_size``) and returns what the real
+``new_token_ratio``, ``chunked_prefill_size``, and each candidate's
+``locked_evictable``: what locking its prefix took from the evictable count,
+an input of the cache like the match itself) and returns what the real
 ``Scheduler._get_new_batch_prefill_raw`` decides under ``variant`` (a name
 ``replay.variants.applied`` accepts: ``stock``, ``fixed``, one fix or a
 comma list). It is deterministic: no wall clock, no randomness, no state
@@ -334,7 +336,11 @@ class PassDriver:
         batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
         self.allocator.available = p.kv.available
         self.req_slots.free = p.req_slots_free
-        self.tree_cache.load(p.kv.evictable, {w.rid: w.prefix_len for w in p.waiting})
+        self.tree_cache.load(
+            p.kv.evictable,
+            {w.rid: w.prefix_len for w in p.waiting},
+            {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None},
+        )
         return waiting, batch, chunked
 
     def _release(self, p: Pass, waiting: list, admitted_reqs: list | None) -> None:

@@ -11,7 +11,9 @@ contents a trace does not hold and whose answers it does record:
 * ``RecordedTreeCache``: the prefix cache; it answers each request's recorded
   prefix match, reports the recorded evictable count and takes locks the way
   the radix cache does (a lock pins the matched prefix out of the evictable
-  count, an unlock gives it back).
+  count, an unlock gives it back). How much of a prefix was still evictable
+  is the candidate's recorded ``locked_evictable`` (part of it may already be
+  pinned by a running request); traces without it assume all of it was.
 * ``RecordedReqSlots``: the req_to_token pool; ``available_size()`` is the
   recorded free row count.
 """
@@ -75,10 +77,18 @@ class RecordedAllocator(BaseTokenToKVPoolAllocator):
 
 @dataclass(eq=False)
 class PrefixNode:
-    """The matched prefix of one request; ``tokens`` leave the evictable count while locked."""
+    """The matched prefix of one request.
+
+    ``tokens`` is the match length. Locking it moves ``evictable_share``
+    tokens out of the evictable count (the recorded drop; ``None``: all of
+    ``tokens``, as far as the count allows) into ``held``; the last unlock
+    gives ``held`` back, as the radix cache's ``dec_lock_ref`` does.
+    """
 
     tokens: int
     lock_ref: int = 0
+    evictable_share: int | None = None
+    held: int = 0
 
 
 class RecordedTreeCache(BasePrefixCache):
@@ -92,11 +102,17 @@ class RecordedTreeCache(BasePrefixCache):
         self.root_node = PrefixNode(0)
         self.evictable = 0
         self.prefix_by_rid: dict[str, int] = {}
+        self.locked_by_rid: dict[str, int] = {}
         self.nodes: dict[str, PrefixNode] = {}
 
-    def load(self, evictable: int, prefix_by_rid: dict[str, int]) -> None:
+    def load(
+        self, evictable: int, prefix_by_rid: dict[str, int], locked_by_rid: dict[str, int] | None = None
+    ) -> None:
+        """One pass's cache: evictable count, prefix match per rid and, where
+        recorded, how many evictable tokens locking that match took."""
         self.evictable = evictable
         self.prefix_by_rid = prefix_by_rid
+        self.locked_by_rid = locked_by_rid or {}
         self.nodes = {}
 
     # --- what the scheduler asks ---
@@ -109,7 +125,13 @@ class RecordedTreeCache(BasePrefixCache):
             prefix = min(prefix, len(params.key))  # the key limit caps a match
         node = self.nodes.get(rid) if rid is not None else None
         if node is None or node.tokens != prefix:
-            node = self.root_node if prefix == 0 else PrefixNode(prefix)
+            if prefix == 0:
+                node = self.root_node
+            else:
+                share = self.locked_by_rid.get(rid)
+                if share is not None:
+                    share = min(share, prefix)  # a key-capped match can hold no more
+                node = PrefixNode(prefix, evictable_share=share)
             if rid is not None and prefix:
                 self.nodes[rid] = node
         return MatchResult(
@@ -125,10 +147,12 @@ class RecordedTreeCache(BasePrefixCache):
         delta = 0
         if node.lock_ref == 0:
             # The real radix cache moves every unlocked node on the path from
-            # evictable to protected; the recorded count bounds what can move.
-            delta = -min(node.tokens, self.evictable)
-            self.evictable += delta
-            node.tokens = -delta
+            # evictable to protected: the recorded drop says how many tokens
+            # that was; without it, the whole match, as far as the count allows.
+            share = node.tokens if node.evictable_share is None else node.evictable_share
+            node.held = min(share, self.evictable)
+            delta = -node.held
+            self.evictable -= node.held
         node.lock_ref += 1
         return IncLockRefResult(delta=delta)
 
@@ -137,8 +161,9 @@ class RecordedTreeCache(BasePrefixCache):
             return DecLockRefResult(delta=0)
         delta = 0
         if node.lock_ref == 1:
-            delta = node.tokens
+            delta = node.held
             self.evictable += delta
+            node.held = 0
         node.lock_ref -= 1
         return DecLockRefResult(delta=delta)
 

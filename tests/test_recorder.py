@@ -255,3 +255,69 @@ def test_capture_keeps_entry_values_and_folds_by_identity(tmp_path: Path) -> Non
     assert passes[1].running[0].output_len == expected.running[0].output_len + 1
     assert passes[1].running[1:] == expected.running[1:]
     assert passes[0].kv == passes[1].kv == expected.kv and passes[1].batch_is_full_in
+
+
+# --- the lock probe: what pinning a candidate's prefix takes from evictable ----
+
+
+def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> None:
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    from tracer.lock_probe import LockProbe
+
+    cache = RadixCache.create_simulated()
+    running_ids = list(range(100))
+    candidate_ids = list(range(60)) + list(range(1000, 1040))  # shares 60 tokens with the running one
+    for ids in (running_ids, candidate_ids):
+        cache.insert(InsertParams(key=RadixKey(token_ids=ids), value=torch.arange(len(ids))))
+    running = cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=running_ids)))
+    candidate = cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=candidate_ids)))
+    assert candidate.device_prefix_len == 100
+    cache.lock(running.last_device_node)  # the running request pins its 100 tokens
+    assert cache.evictable_size() == 40
+
+    probe = LockProbe(cache)
+    probe.install()
+    pin = cache.lock(candidate.last_device_node)
+    kept = cache.lock(candidate.last_device_node)  # the commit lock: moves nothing more
+    probe.remove()
+    assert probe.drop == 40 and probe.error is None  # not 100: 60 were already pinned
+    assert "lock" not in vars(cache)  # the instance is left as it was
+    cache.unlock(pin)
+    cache.unlock(kept)
+    assert cache.evictable_size() == 40
+
+
+@pytest.mark.parametrize(("recorded", "measured"), [(500, 500), (None, 700)])
+def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measured) -> None:
+    """Through the real PrefillAdder (on replay's tree-cache stand-in, which
+    applies a recorded drop or else pins the whole match): the hook records
+    what the first lock on each candidate took from the evictable count."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+    from test_replay import SHARED_PREFIX, pinned_prefix_trace
+
+    from replay.driver import PassDriver
+    from tracer.recorder import ADDER, _PassCapture
+
+    with TraceReader(pinned_prefix_trace(tmp_path / "t.trace", recorded)) as reader:
+        driver = PassDriver(reader.header)
+        p = reader.pass_at(0)
+    rec = Recorder(tmp_path)
+    hook = dict(make_hooks(rec))[f"{ADDER}.add_one_req"]
+    cap = rec.capture = _PassCapture()
+    original = PrefillAdder.__dict__["add_one_req"]
+    PrefillAdder.add_one_req = _wrap_fn(original, hook, HookType.AROUND)
+    try:
+        decision = driver.decide(p, "stock")
+    finally:
+        PrefillAdder.add_one_req = original
+    assert rec.hook_errors == {}
+    first, *rest = cap.candidates
+    assert (first.rid, first.prefix_len, first.locked_evictable) == ("cached", SHARED_PREFIX, measured)
+    # Admitted, ``cached`` leaves ``fresh`` a try; its empty match pins nothing.
+    assert [(c.rid, c.locked_evictable) for c in rest] == ([("fresh", 0)] if recorded is not None else [])
+    assert (decision.admitted == [("cached", 1)]) == (recorded is not None)
+    assert "lock" not in vars(driver.tree_cache)

@@ -230,3 +230,60 @@ def test_stock_replays_a_real_sandbox_trace_exactly(sandbox) -> None:
         assert fid.matched == fid.total, [(m.pass_, m.fields, m.recorded, m.replayed) for m in fid.mismatches[:5]]
         total += fid.total
     assert total > 0
+
+
+# --- a candidate whose cached prefix a running request already pins ------------
+
+SHARED_PREFIX = 3000
+UNPINNED = 500  # of the shared prefix, what no running request had locked yet
+
+
+def pinned_prefix_trace(path: Path, locked_evictable: int | None = UNPINNED) -> Path:
+    """lpm: ``cached`` matches 3000 tokens that ``sibling`` (running, same prompt)
+    already locks but for 500. Pinning the match takes only those 500 from the
+    700 evictable, so its 1 + 300 tokens fit in 400 free + 200 evictable; taking
+    the whole match (what a trace without ``locked_evictable`` implies) leaves 0."""
+    from tracer.schema import Admitted, Candidate, RunningReq
+
+    waiting = [
+        WaitingReq("fresh", 2000, 0, 300, 0, None, True),
+        WaitingReq("cached", SHARED_PREFIX + 1, 0, 300, SHARED_PREFIX, None, True),
+    ]
+    p = repro.make_pass(
+        0,
+        waiting=waiting,
+        running=[RunningReq("sibling", SHARED_PREFIX, 100, 300, True)],
+        kv=KvSnapshot(available=400, evictable=700),
+        req_slots_free=11,
+        candidates=[
+            Candidate("cached", SHARED_PREFIX, 1, "CONTINUE", locked_evictable),
+            Candidate("fresh", 0, 0, "NO_TOKEN", None if locked_evictable is None else 0),
+        ],
+        admitted=[Admitted("cached", SHARED_PREFIX, 1)],
+        batch_is_full_out=True,
+    )
+    return write_trace(path, repro.header("lpm"), [p])
+
+
+def test_recorded_lock_drop_replays_a_partly_pinned_prefix(tmp_path: Path) -> None:
+    report = run_replay(pinned_prefix_trace(tmp_path / "t.trace"), "stock", "fixed")
+    assert report.fidelity.matched == report.fidelity.total == 1, report.fidelity.mismatches
+
+
+def test_without_the_lock_drop_the_whole_prefix_counts_as_evictable(tmp_path: Path) -> None:
+    """An older trace (no ``locked_evictable``) falls back to pinning the whole
+    match, which is exactly what mis-replays this pass."""
+    report = run_replay(pinned_prefix_trace(tmp_path / "old.trace", None), "stock", "fixed")
+    (mismatch,) = report.fidelity.mismatches
+    assert "admitted" in mismatch.fields and mismatch.replayed.admitted == []
+
+
+@pytest.mark.parametrize(("drop", "admitted"), [(0, True), (UNPINNED, True), (600, False), (SHARED_PREFIX, False)])
+def test_stand_in_takes_exactly_the_recorded_drop(tmp_path: Path, drop: int, admitted: bool) -> None:
+    with TraceReader(pinned_prefix_trace(tmp_path / "t.trace", drop)) as reader:
+        driver = PassDriver(reader.header)
+        p = reader.pass_at(0)
+    decision = driver.decide(p, "stock")
+    assert decision.admitted == ([("cached", 1)] if admitted else [])
+    # Admission keeps the prefix locked: the count left is what the pin did not take.
+    assert driver.tree_cache.evictable == (700 - drop if admitted else 700)

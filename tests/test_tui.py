@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from bench.gen_trace import generate
 from replay.report import Decision, dump_report, load_report
@@ -29,6 +29,7 @@ from tui.model import (
     bucket_of,
     request_life,
 )
+from tui.widgets.detail import DetailPane
 from tui.widgets.pass_list import PassList
 from tui.widgets.screens import RequestScreen
 
@@ -66,11 +67,10 @@ async def settle(app: TraceApp, pilot) -> None:
 
 
 def detail_text(app: TraceApp) -> str:
-    static = app.query_one("#detail-body", Static)
     from rich.console import Console
 
     console = Console(width=120, record=True, file=open(os.devnull, "w"))
-    console.print(static.content)
+    console.print(app.query_one(DetailPane).renderable)
     return console.export_text()
 
 

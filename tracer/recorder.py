@@ -13,6 +13,9 @@ Per pass (``Scheduler._get_new_batch_prefill_raw``):
   the ``PrefillAdder``/``PrefillBudget`` hooks while the pass runs (``error``
   if it raised; the exception is re-raised unchanged). The ``Pass`` record
   itself is built on the writer thread (``WriterThread`` builds ``Deferred``s);
+  while one candidate is being added, ``LockProbe`` shadows the tree
+  cache's ``lock`` to measure what pinning its prefix took from the evictable
+  count (``Candidate.locked_evictable``);
 * a rejected pass (nothing admitted, no chunk) is held back; identical
   rejected passes that follow within ``FOLD_WINDOW_NS`` with no record in
   between fold into it (``repeat`` += 1, ``dur_ns`` summed), compared by a
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer import snapshot
+from tracer.lock_probe import LockProbe
 from tracer.schema import (
     Abort,
     Admitted,
@@ -428,7 +432,24 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
         except Exception as exc:
             hook_failed("add_one_req", exc)
             return original(adder, req, *args, **kwargs)
-        result = original(adder, req, *args, **kwargs)
+        # The pin on the candidate's prefix moves only its not-yet-locked part out
+        # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
+        probe = LockProbe(adder.tree_cache)
+        try:
+            probe.install()
+        except Exception as exc:
+            probe = None
+            hook_failed("lock_probe", exc)
+        try:
+            result = original(adder, req, *args, **kwargs)
+        finally:
+            if probe is not None:
+                try:
+                    probe.remove()
+                except Exception as exc:
+                    hook_failed("lock_probe", exc)
+                if probe.error is not None:
+                    hook_failed("lock_probe", probe.error)
         try:
             run_list = adder.can_run_list
             added = len(run_list) > before and run_list[-1] is req
@@ -438,7 +459,10 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
                 cap.admitted.append(Admitted(req.rid, prefix_len, extend))
             else:
                 extend = 0
-            cap.candidates.append(Candidate(req.rid, prefix_len, extend, getattr(result, "name", str(result))))
+            cap.candidates.append(Candidate(
+                req.rid, prefix_len, extend, getattr(result, "name", str(result)),
+                probe.drop if probe is not None else None,
+            ))
         except Exception as exc:
             hook_failed("add_one_req", exc)
         return result

@@ -120,6 +120,10 @@ class Candidate(_Row):
     prefix_len: int
     extend_len: int  # admitted extend (0 if rejected)
     result: str  # CONTINUE | NO_TOKEN | OTHER
+    # Tokens the evictable count dropped by when the adder first locked this
+    # candidate's matched prefix (less than prefix_len where a running request
+    # already pins part of it); None: no lock taken, or not recorded (older traces).
+    locked_evictable: int | None = None
 
 
 class Admitted(_Row):

@@ -112,7 +112,11 @@ def kv_row(counts: tuple) -> KvSnapshot:
 
 def evictable_tokens(scheduler: Any) -> int:
     """What the radix cache could evict from the full pool right now."""
-    tree_cache = scheduler.tree_cache
+    return cache_evictable(scheduler.tree_cache)
+
+
+def cache_evictable(tree_cache: Any) -> int:
+    """The evictable count ``PrefillBudget`` reads (full pool under mamba)."""
     if tree_cache.supports_mamba():
         return tree_cache.full_evictable_size()
     return tree_cache.evictable_size()

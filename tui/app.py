@@ -139,6 +139,7 @@ class TraceApp(App[None]):
         self._failed_allocs: set[int] = set()
         self.passes = reader.pass_count if reader.closed_cleanly else 0
         self.selected = 0
+        self._detail_for: int | None = None  # the pass the detail pane shows
         self.flt: PassFilter | None = None
         self.rid: str | None = None
         self._timeline_buckets = 0
@@ -397,20 +398,30 @@ class TraceApp(App[None]):
         return " ", Style()
 
     def on_pass_list_selected(self, message: PassList.Selected) -> None:
-        self.selected = message.pass_no
-        self.query_one(Timeline).select(message.pass_no)
+        if message.pass_no != self.selected or self._detail_for != message.pass_no:
+            self._apply_selection(message.pass_no)
+
+    def _apply_selection(self, n: int) -> None:
+        self.selected = n
+        self.query_one(Timeline).select(n)
         self._show_detail()
 
     def on_timeline_selected(self, message: Timeline.Selected) -> None:
         self.select_pass(message.pass_no)
 
     def select_pass(self, n: int) -> None:
-        self.query_one(PassList).select_pass(n)
+        pass_list = self.query_one(PassList)
+        pass_list.select_pass(n)
+        # Update timeline and detail now, in this same turn, so one frame shows the whole
+        # move; the list's Selected message then finds nothing left to do.
+        target = pass_list.selected_pass
+        if target is not None:
+            self._apply_selection(target)
 
     def _show_detail(self) -> None:
         if not self.passes:
             return
-        n = self.selected
+        n = self._detail_for = self.selected
         try:
             p = self.cache.get(n)
         except SchedtraceError as exc:

@@ -329,6 +329,7 @@ class ReplayIndex:
         self.report = report
         self.divergences: dict[int, Divergence] = {}
         self.fixes: set[str] = set()
+        self._mismatches: dict[int, object] | None = None
         if report is not None:
             for d in report.divergences:
                 self.add(d)
@@ -340,10 +341,11 @@ class ReplayIndex:
     def mismatch_at(self, n: int):
         if self.report is None:
             return None
-        for m in self.report.fidelity.mismatches:
-            if m.pass_ == n:
-                return m
-        return None
+        if self._mismatches is None:  # first one per pass, as a linear search would find
+            self._mismatches = {}
+            for m in self.report.fidelity.mismatches:
+                self._mismatches.setdefault(m.pass_, m)
+        return self._mismatches.get(n)
 
     def stall_ranges(self) -> list[tuple[int, int]]:
         if self.report is None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
-from textual.containers import VerticalScroll
-from textual.widgets import Static
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from replay.report import Decision, Divergence, Mismatch
 from tui.model import decision_diff, humanize_ns, pass_result, recorded_decision
@@ -14,36 +14,64 @@ from tracer.schema import Pass
 
 MAX_QUEUE_ROWS = 40
 
+Cell = Text | str
 
-def _decision_table(title: str, left_name: str, left: Decision, right_name: str, right: Decision) -> Table:
-    table = Table(title=title, title_justify="left", expand=True, show_edge=False, pad_edge=False)
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column(left_name)
-    table.add_column(right_name)
+
+def table_lines(title: str, header: list[str] | None, rows: list[list[Cell]], *,
+                first_style: str = "") -> list[Text]:
+    """A table as plain lines (title, ``┃`` header, ``━╇━`` rule, ``│`` rows).
+
+    Drawn by hand rather than with a rich ``Table``: the pane redraws on every
+    cursor move and a rich table costs milliseconds per cell.
+    """
+    columns = len(header) if header else len(rows[0]) if rows else 0
+    widths = [len(header[i]) if header else 0 for i in range(columns)]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], cell.cell_len if isinstance(cell, Text) else len(cell))
+    lines = [Text(title, style="italic")]
+
+    def join(cells: list[Cell], separator: str, style: str = "") -> Text:
+        line = Text(style=style)
+        for i, cell in enumerate(cells):
+            if i:
+                line.append(separator, style="dim" if not style else "")
+            text = cell if isinstance(cell, Text) else Text(cell, style=first_style if i == 0 else "")
+            line.append_text(text)
+            if i < columns - 1:
+                line.append(" " * (widths[i] - text.cell_len))
+        return line
+
+    if header:
+        lines.append(join(list(header), " ┃ ", "bold"))
+        lines.append(Text("━╇━".join("━" * w for w in widths), style="dim"))
+    lines.extend(join(row, " │ ") for row in rows)
+    return lines
+
+
+def _decision_table(title: str, left_name: str, left: Decision, right_name: str, right: Decision) -> list[Text]:
+    rows: list[list[Cell]] = []
     for diff in decision_diff(left, right):
         if diff.differs:
-            table.add_row(Text(f"≠ {diff.name}", style="bold yellow"), Text(diff.old, style="red"),
-                          Text(diff.new, style="green"))
+            rows.append([Text(f"≠ {diff.name}", style="bold yellow"), Text(diff.old, style="red"),
+                         Text(diff.new, style="green")])
         else:
-            table.add_row(Text(f"  {diff.name}", style="dim"), Text(diff.old, style="dim"),
-                          Text(diff.new, style="dim"))
-    return table
+            rows.append([Text(f"  {diff.name}", style="dim"), Text(diff.old, style="dim"),
+                         Text(diff.new, style="dim")])
+    return table_lines(title, ["field", left_name, right_name], rows)
 
 
-def _queue_table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
-    table = Table(title=f"{title} ({len(rows)})", title_justify="left", show_edge=False, pad_edge=False)
-    for column in columns:
-        table.add_column(column, no_wrap=True)
-    for row in rows[:MAX_QUEUE_ROWS]:
-        table.add_row(*row)
+def _queue_table(title: str, columns: list[str], rows: list[list[str]]) -> list[Text]:
+    shown: list[list[Cell]] = list(rows[:MAX_QUEUE_ROWS])
     if len(rows) > MAX_QUEUE_ROWS:
-        table.add_row(f"… {len(rows) - MAX_QUEUE_ROWS} more", *[""] * (len(columns) - 1))
-    return table
+        shown.append([f"… {len(rows) - MAX_QUEUE_ROWS} more", *[""] * (len(columns) - 1)])
+    return table_lines(f"{title} ({len(rows)})", columns, shown)
 
 
 def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | None, arms: tuple[str, str] | None,
-                in_stall: bool, failed_alloc: bool) -> RenderableType:
-    parts: list[RenderableType] = []
+                in_stall: bool, failed_alloc: bool) -> list[Text]:
+    """The pane's lines for one pass."""
+    parts: list[Text] = []
     title = Text(f"Pass {p.seq}", style="bold")
     title.append(f"  t={humanize_ns(p.t_ns)}  took {p.dur_ns / 1e3:.0f}µs  result {pass_result(p)}")
     if p.repeat > 1:
@@ -51,75 +79,120 @@ def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | 
     if p.idle_before:
         title.append(f"  {p.idle_before} idle before", style="dim")
     parts.append(title)
-    flags = []
     if divergence is not None:
-        flags.append(Text(f"◆ divergence: {', '.join(divergence.kinds)}", style="bold magenta"))
+        parts.append(Text(f"◆ divergence: {', '.join(divergence.kinds)}", style="bold magenta"))
         fixes = ", ".join(divergence.fixes) or "none alone (needs several fixes together)"
-        flags.append(Text(f"  fixes responsible: {fixes}", style="magenta"))
+        parts.append(Text(f"  fixes responsible: {fixes}", style="magenta"))
     if in_stall:
-        flags.append(Text("▬ inside a stall", style="bold yellow"))
+        parts.append(Text("▬ inside a stall", style="bold yellow"))
     if p.error:
-        flags.append(Text(f"✖ raised: {p.error}", style="bold red"))
+        parts.append(Text(f"✖ raised: {p.error}", style="bold red"))
     if failed_alloc:
-        flags.append(Text("✖ a KV allocation failed after this pass", style="bold red"))
-    parts.extend(flags)
+        parts.append(Text("✖ a KV allocation failed after this pass", style="bold red"))
 
-    recorded = recorded_decision(p)
     if divergence is not None and arms is not None:
-        parts.append(_decision_table("Decisions", arms[0], divergence.old, arms[1], divergence.new))
+        parts.extend(_decision_table("Decisions", arms[0], divergence.old, arms[1], divergence.new))
     elif arms is not None:
         parts.append(Text(f"{arms[0]} and {arms[1]} decide the same here.", style="dim"))
     if mismatch is not None:
-        parts.append(_decision_table(f"Replay fidelity: replayed differs in {', '.join(mismatch.fields)}",
+        parts.extend(_decision_table(f"Replay fidelity: replayed differs in {', '.join(mismatch.fields)}",
                                      "recorded", mismatch.recorded, "replayed", mismatch.replayed))
     if divergence is None:
-        table = Table(title="Recorded decision", title_justify="left", show_edge=False, show_header=False)
-        table.add_column("field", style="bold")
-        table.add_column("value")
-        for diff in decision_diff(recorded, recorded):
-            table.add_row(diff.name, diff.old)
-        parts.append(table)
+        recorded = recorded_decision(p)
+        parts.extend(table_lines("Recorded decision", None,
+                                 [[diff.name, diff.old] for diff in decision_diff(recorded, recorded)],
+                                 first_style="bold"))
 
-    state = Table(title="Recorded state", title_justify="left", show_edge=False, show_header=False)
-    state.add_column("field", style="bold")
-    state.add_column("value")
     kv = p.kv
-    state.add_row("kv free / evictable", f"{kv.available} / {kv.evictable}")
+    state: list[list[Cell]] = [["kv free / evictable", f"{kv.available} / {kv.evictable}"]]
     if kv.swa_available is not None:
-        state.add_row("swa free / evictable", f"{kv.swa_available} / {kv.swa_evictable}")
+        state.append(["swa free / evictable", f"{kv.swa_available} / {kv.swa_evictable}"])
     if kv.mamba_available is not None:
-        state.add_row("mamba free / evictable", f"{kv.mamba_available} / {kv.mamba_evictable}")
-    state.add_row("request slots free", str(p.req_slots_free))
-    state.add_row("new_token_ratio", f"{p.new_token_ratio:.3f}")
-    state.add_row("chunked_prefill_size", str(p.chunked_prefill_size))
-    state.add_row("batch_is_full in → out", f"{p.batch_is_full_in} → {p.batch_is_full_out}")
+        state.append(["mamba free / evictable", f"{kv.mamba_available} / {kv.mamba_evictable}"])
+    state.append(["request slots free", str(p.req_slots_free)])
+    state.append(["new_token_ratio", f"{p.new_token_ratio:.3f}"])
+    state.append(["chunked_prefill_size", str(p.chunked_prefill_size)])
+    state.append(["batch_is_full in → out", f"{p.batch_is_full_in} → {p.batch_is_full_out}"])
     if p.chunked is not None:
         c = p.chunked
-        state.add_row("chunked request", f"{c.rid}: {c.prefix_len}/{c.input_len} prefilled")
+        state.append(["chunked request", f"{c.rid}: {c.prefix_len}/{c.input_len} prefilled"])
     if p.chunk is not None:
-        state.add_row("continuing chunk", f"budget {p.chunk.budget}, size {p.chunk.size}")
+        state.append(["continuing chunk", f"budget {p.chunk.budget}, size {p.chunk.size}"])
     if p.new_chunked_rid:
-        state.add_row("new chunked request", p.new_chunked_rid)
-    parts.append(state)
+        state.append(["new chunked request", p.new_chunked_rid])
+    parts.extend(table_lines("Recorded state", None, state, first_style="bold"))
     if p.candidates:
-        parts.append(_queue_table("Candidates", ["rid", "prefix", "extend", "result"],
+        parts.extend(_queue_table("Candidates", ["rid", "prefix", "extend", "result"],
                                   [[c.rid, str(c.prefix_len), str(c.extend_len), c.result] for c in p.candidates]))
-    parts.append(_queue_table("Waiting", ["#", "rid", "input", "prefix", "max_new"],
+    parts.extend(_queue_table("Waiting", ["#", "rid", "input", "prefix", "max_new"],
                               [[str(i + 1), w.rid, str(w.input_len), str(w.prefix_len), str(w.max_new_tokens)]
                                for i, w in enumerate(p.waiting)]))
-    parts.append(_queue_table("Running", ["rid", "input", "output", "max_new"],
-                              [[r.rid, str(r.input_len), str(r.output_len), str(r.max_new_tokens)] for r in p.running]))
-    return Group(*parts)
+    parts.extend(_queue_table("Running", ["rid", "input", "output", "max_new"],
+                              [[r.rid, str(r.input_len), str(r.output_len), str(r.max_new_tokens)]
+                               for r in p.running]))
+    return parts
 
 
-class DetailPane(VerticalScroll):
+class DetailPane(ScrollView):
+    """Shows lines of text (``pass_detail``'s), one strip per line, cropped not wrapped.
+
+    A ``Static`` in a scroll container re-renders its whole content to measure
+    its height and re-lays out the screen on every update; here an update
+    turns each line into one strip and only the visible strips are drawn.
+    """
+
     DEFAULT_CSS = """
     DetailPane { width: 1fr; border-left: solid $primary-darken-2; padding: 0 1; }
     """
 
-    def compose(self):
-        yield Static("No pass selected.", id="detail-body")
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.lines: list[Text] = [Text("No pass selected.")]
+        self._strips: list[Strip] | None = None
 
-    def show(self, renderable: RenderableType) -> None:
-        self.query_one("#detail-body", Static).update(renderable)
-        self.scroll_home(animate=False)
+    @property
+    def renderable(self) -> RenderableType:
+        """Everything shown, as one renderable (for printing and tests)."""
+        return Group(*self.lines)
+
+    def show(self, lines: Text | list[Text]) -> None:
+        self.lines = [lines] if isinstance(lines, Text) else lines
+        self._strips = None
+        self._build_strips()
+        self.scroll_to(0, 0, animate=False, immediate=True)
+        self.refresh()
+
+    def _build_strips(self) -> list[Strip]:
+        console = self.app.console
+        strips = []
+        for text in self.lines:
+            for line in text.split("\n") if "\n" in text.plain else (text,):  # a multi-line error message
+                strips.append(Strip(line.render(console), line.cell_len))
+        self._strips = strips
+        width = max((strip.cell_length for strip in strips), default=0)
+        self._set_virtual_size(Size(width, len(strips)))
+        return strips
+
+    def _set_virtual_size(self, size: Size) -> None:
+        """Like assigning ``virtual_size``, but without a screen re-layout when no scrollbar comes or goes.
+
+        A re-layout reflows every widget on screen; moving from one long pass to
+        another only changes the scrollbar's thumb.
+        """
+        old, view = self.virtual_size, self.scrollable_content_region.size
+        same_bars = (old.height > view.height) == (size.height > view.height) and (
+            (old.width > view.width) == (size.width > view.width))
+        if not (same_bars and self.is_mounted and view.area):
+            self.virtual_size = size
+            return
+        self.set_reactive(DetailPane.virtual_size, size)
+        self._scroll_update(size)
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width
+        strips = self._strips if self._strips is not None else self._build_strips()
+        row = scroll_y + y
+        if row >= len(strips):
+            return Strip.blank(width, self.rich_style)
+        return strips[row].crop_extend(scroll_x, scroll_x + width, self.rich_style).apply_style(self.rich_style)

@@ -11,11 +11,12 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.events import Click
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -32,6 +33,8 @@ RESULT_STYLES = {
     "none": Style(dim=True),
 }
 ROW_WIDTH = 78
+CURSOR = Style(reverse=True)
+CURSOR_FOCUSED = Style(reverse=True, bold=True)
 
 # marker(pass) -> (one character, style)
 MarkerFn = Callable[[int], tuple[str, Style]]
@@ -78,6 +81,7 @@ class PassList(ScrollView, can_focus=True):
         self._count = 0
         self._rows: array | None = None  # filter matches; None = every pass
         self.decode_failure: str | None = None
+        self._line_style: Style | None = None
 
     # --- rows ---
 
@@ -148,29 +152,38 @@ class PassList(ScrollView, can_focus=True):
 
     # --- rendering ---
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Look the widget's style up once per paint, not once per line.
+        self._line_style = self.rich_style
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         row = scroll_y + y
         width = self.scrollable_content_region.width
+        base = self._line_style if self._line_style is not None else self.rich_style
         if row >= self.row_count:
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, base)
         pass_no = self.pass_of(row)
         try:
             data = pass_row(self.cache.get(pass_no))
         except Exception as exc:  # a corrupt record: show it on its line, keep browsing
             self.decode_failure = str(exc)
-            segments = [Segment(f"  {pass_no:>8} unreadable: {exc}"[: ROW_WIDTH], Style(color="red"))]
+            segments = [(f"  {pass_no:>8} unreadable: {exc}"[: ROW_WIDTH], Style(color="red"))]
         else:
-            mark, mark_style = self.marker(pass_no) if self.marker else (" ", Style())
-            segments = [
-                Segment(mark, mark_style),
-                Segment(" "),
-                Segment(format_row(data), RESULT_STYLES.get(data.result)),
-            ]
-        strip = Strip(segments).extend_cell_length(ROW_WIDTH + 2)
+            mark, mark_style = self.marker(pass_no) if self.marker else (" ", None)
+            segments = [(mark, mark_style), (" ", None), (format_row(data), RESULT_STYLES.get(data.result))]
         if row == self.cursor:
-            strip = strip.apply_style(Style(reverse=True, bold=True) if self.has_focus else Style(reverse=True))
-        return strip.crop(scroll_x, scroll_x + width).apply_style(self.rich_style)
+            base = base + (CURSOR_FOCUSED if self.has_focus else CURSOR)
+        # One strip, styles already combined (base, then cursor, then the segment's own).
+        used = sum(cell_len(text) for text, _ in segments)
+        line = [Segment(text, base + style if style else base) for text, style in segments]
+        if used < ROW_WIDTH + 2:
+            line.append(Segment(" " * (ROW_WIDTH + 2 - used), base))
+        strip = Strip(line, max(used, ROW_WIDTH + 2))
+        if scroll_x or strip.cell_length > width:
+            strip = strip.crop(scroll_x, scroll_x + width)
+        return strip
 
     def on_focus(self) -> None:
         self.refresh()

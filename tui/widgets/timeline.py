@@ -26,6 +26,18 @@ MARK_STYLES = {"◆": Style(color="bright_magenta", bold=True), "✖": Style(col
                "▬": Style(color="yellow", bold=True)}
 
 
+def _runs(body: str, split: bool) -> list[tuple[int, str]]:
+    """(start, text) runs of equal characters in ``body`` (or the whole body when not ``split``)."""
+    if not split:
+        return [(0, body)] if body else []
+    runs, start = [], 0
+    for i in range(1, len(body) + 1):
+        if i == len(body) or body[i] != body[start]:
+            runs.append((start, body[start:i]))
+            start = i
+    return runs
+
+
 @dataclass
 class TimelineData:
     passes: int
@@ -57,6 +69,8 @@ class Timeline(Widget, can_focus=True):
         self.data: TimelineData | None = None
         self.status = "scanning trace…"
         self.selected = 0
+        self._rows_for: TimelineData | None = None
+        self._rows: dict[int, tuple[str, str, Style | None, str]] = {}
 
     @property
     def buckets(self) -> int:
@@ -82,6 +96,21 @@ class Timeline(Widget, can_focus=True):
             return None
         return bucket_of(self.selected, 0, self.data.passes, self.data.buckets)
 
+    def _row(self, y: int) -> tuple[str, str, Style | None, str] | None:
+        """(label, body, body style or None for per-mark styles, peak) of row ``y``, cached per data."""
+        data = self.data
+        assert data is not None
+        if self._rows_for is not data:
+            self._rows_for, self._rows = data, {}
+        row = self._rows.get(y)
+        if row is None and y < len(SERIES):
+            name = SERIES[y]
+            body = sparkline(data.series[name], data.peaks[name] or None)
+            row = self._rows[y] = (LABELS[name], body, Style(color=COLORS[name]), f" {data.peaks[name]:>6}")
+        elif row is None and y == len(SERIES):
+            row = self._rows[y] = ("events", data.marks, None, "")
+        return row
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         data = self.data
@@ -89,25 +118,25 @@ class Timeline(Widget, can_focus=True):
         if data is None or data.buckets == 0:
             text = self.status if y == rows // 2 else ""
             return Strip([Segment(text[:width], Style(dim=True))]).extend_cell_length(width)
-        cursor = self._cursor_bucket()
-        if y < rows:
-            name = SERIES[y]
-            values = data.series[name]
-            body = sparkline(values, data.peaks[name] or None)
-            style = Style(color=COLORS[name])
-            label = LABELS[name]
-            peak = f" {data.peaks[name]:>6}"
-        elif y == rows:
-            name, body, style, label, peak = "", data.marks, Style(), "events", ""
-        else:
+        row = self._row(y)
+        if row is None:
             return Strip.blank(width)
+        label, body, style, peak = row
+        cursor = self._cursor_bucket()
         segments = [Segment(f"{label:<{LABEL_WIDTH}}", Style(bold=True))]
-        for i, ch in enumerate(body):
-            cell_style = MARK_STYLES.get(ch, Style()) if not name else style
-            if i == cursor:
-                cell_style = cell_style + Style(reverse=True)
-                ch = ch if ch != " " else "│"
-            segments.append(Segment(ch, cell_style))
+        # Runs of one style become one segment: a row is a handful of segments, not one per cell.
+        for i, ch in _runs(body, style is None):
+            cell_style = MARK_STYLES.get(ch[0], Style()) if style is None else style
+            if cursor is not None and i <= cursor < i + len(ch):
+                at = cursor - i
+                if at:
+                    segments.append(Segment(ch[:at], cell_style))
+                mark = ch[at] if ch[at] != " " else "│"
+                segments.append(Segment(mark, cell_style + Style(reverse=True)))
+                if at + 1 < len(ch):
+                    segments.append(Segment(ch[at + 1:], cell_style))
+            else:
+                segments.append(Segment(ch, cell_style))
         segments.append(Segment(peak, Style(dim=True)))
         return Strip(segments).extend_cell_length(width).crop(0, width)
 
