@@ -106,12 +106,7 @@ def _closed_loop_summary(loop, console) -> None:
 def replay(trace: Path, old: str, new: str, json_path: Path | None, fail_on: str, stall_passes: int,
            jobs: int, closed_loop: bool, from_pass: int) -> None:
     """Replay TRACE through the real sglang scheduler under two logic variants."""
-    import warnings
-
     from rich.console import Console
-
-    # sglang warns at import about GPU-only features a CPU replay never uses.
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
 
     from replay.engine import replay_trace
     from replay.report import dump_report

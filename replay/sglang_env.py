@@ -11,11 +11,14 @@ stubbed. Replay never calls a kernel.
 from __future__ import annotations
 
 import logging
+import warnings
 
 from tracer.kernel_stub import install
 
 
 def ensure_sglang_importable() -> None:
     install()
-    # sglang logs this at import on any machine without CUDA; replay needs none.
+    # sglang logs and warns at import about GPU-only features (CUDA arch, AWQ,
+    # GGUF, Triton) on any machine without them; replay uses none of them.
     logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")

@@ -1,0 +1,39 @@
+"""The shipped sample traces (traces/): recorded by the real sandbox, replayed
+through the real sglang scheduler with full fidelity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replay.engine import replay_trace
+from tracer.format import TraceReader
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+SAMPLES = sorted(TRACES.glob("*.trace"))
+
+
+def test_there_are_at_least_two_samples_under_five_megabytes() -> None:
+    assert len(SAMPLES) >= 2
+    for path in SAMPLES:
+        assert path.stat().st_size < 5 * 1024 * 1024, path
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_sample_replays_with_full_fidelity(path: Path) -> None:
+    with TraceReader(path) as reader:
+        assert reader.closed_cleanly and reader.footer.counts["lost"] == 0
+        assert reader.header.sglang_version == "0.5.23"
+    report = replay_trace(path, "stock", "fixed", jobs=1)
+    assert report.fidelity.total == report.passes > 1000
+    assert report.fidelity.matched == report.fidelity.total, report.fidelity.mismatches[:3]
+    assert not report.errors["stock"] and not report.errors["fixed"]
+
+
+def test_lpm_sample_holds_a_real_latch_divergence() -> None:
+    report = replay_trace(TRACES / "kv-pressure-lpm-24k.trace", "stock", "fixed", jobs=1)
+    [divergence] = report.divergences
+    assert divergence.pass_ == 867 and divergence.fixes == ["latch"]
+    assert divergence.old.admitted == [] and divergence.old.batch_is_full
+    assert [rid for rid, _ in divergence.new.admitted] == ["daeaf5eb3d714493876b87c45e2b242d"]
