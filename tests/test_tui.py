@@ -15,18 +15,19 @@ import pytest
 from textual.widgets import DataTable
 
 from bench.gen_trace import generate
-from replay.report import Decision, dump_report, load_report
+from replay.report import Decision, load_report
 from tracer.format import TraceReader
 from tui.app import KEYS, TraceApp
 from tui.model import (
+    Marks,
     PassFilter,
+    RidIndex,
     RidSpan,
+    bucket_of,
     decision_diff,
     downsample,
     mark_buckets,
-    Marks,
     pass_of_bucket,
-    bucket_of,
     request_life,
 )
 from tui.widgets.detail import DetailPane
@@ -94,7 +95,7 @@ async def test_n_and_N_walk_the_divergences(trace):
         changed = [d.name for d in decision_diff(divergence.old, divergence.new) if d.differs]
         assert changed and all(f"≠ {name}" in text for name in changed)
         assert "stock" in text and "fixed" in text
-        assert app.query_one(PassList).selected_pass == passes[0]
+        assert app.query_one(PassList).selected_pass == passes[0] == app.detail_pass
 
 
 async def test_stall_and_error_keys(trace):
@@ -351,3 +352,18 @@ def test_request_life_folds_waiting_runs_and_names_reasons(trace):
     for a, b in zip(steps, steps[1:]):
         assert (a.state, a.detail) != (b.state, b.detail) or a.last + 1 != b.first
     assert any(s.state == "admitted" for s in steps)
+
+
+def test_rid_index_keeps_spans_arrivals_and_finishes():
+    rids = RidIndex()
+    rids.arrived("a", 3, 1_500_000)
+    rids.touch("a", 7)
+    rids.touch("a", 5)  # an earlier pass does not shrink the span
+    rids.touch("b", 9)
+    rids.finished("a", 8, "length", 2_000_000_000)
+    rids.finished("ghost", 8, "abort", 1)  # never seen: ignored
+    assert rids["a"] == RidSpan(3, 8, 1_500_000, "length @ 2.00s")
+    assert rids.get("b") == RidSpan(9, 9, None, None)
+    assert "ghost" not in rids and rids.get("ghost") is None and len(rids) == 2
+    with pytest.raises(KeyError):
+        rids["ghost"]

@@ -7,6 +7,7 @@ ever decodes the handful of passes on screen.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from tui.widgets.pass_list import HEADER_TEXT, PassList
 from tui.widgets.screens import HelpScreen, Prompt, RequestScreen
 from tui.widgets.timeline import Timeline, TimelineData
 
+SCAN_SWITCH_INTERVAL_S = 0.0005
 MAX_REQUEST_PASSES = 200_000  # the request view reads at most this many passes of one rid's span
 
 
@@ -139,7 +141,7 @@ class TraceApp(App[None]):
         self._failed_allocs: set[int] = set()
         self.passes = reader.pass_count if reader.closed_cleanly else 0
         self.selected = 0
-        self._detail_for: int | None = None  # the pass the detail pane shows
+        self.detail_pass: int | None = None  # the pass the detail pane shows
         self.flt: PassFilter | None = None
         self.rid: str | None = None
         self._timeline_buckets = 0
@@ -168,7 +170,8 @@ class TraceApp(App[None]):
         else:
             self.set_status("indexing an unclosed trace…")
             self.index_trace()
-        self.scan_trace()
+        # After the first frame: the scan thread competes with the UI thread for the GIL.
+        self.call_after_refresh(self.scan_trace)
         if self.run_arms is not None:
             self.run_replay()
 
@@ -214,6 +217,10 @@ class TraceApp(App[None]):
     @work(thread=True, exclusive=True, group="scan")
     def scan_trace(self) -> None:
         worker = self._current_worker()
+        # While this thread decodes, the UI thread waits up to one switch interval for the
+        # GIL each time it wakes; a shorter interval keeps keys answered during the scan.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch_interval, SCAN_SWITCH_INTERVAL_S))
         try:
             with TraceReader(self.trace_path) as own:  # its own file position: the UI keeps reading
                 result = scan_trace(
@@ -224,6 +231,8 @@ class TraceApp(App[None]):
         except SchedtraceError as exc:
             self.post_message(WorkerFailed("scan", str(exc)))
             return
+        finally:
+            sys.setswitchinterval(switch_interval)
         self.post_message(ScanDone(result))
 
     @staticmethod
@@ -328,7 +337,6 @@ class TraceApp(App[None]):
         elif scan.truncated_at is not None:
             self.set_status(f"trace is truncated at byte {scan.truncated_at:,} (killed recorder?): "
                             f"showing the {self.passes:,} valid passes; the last one is where it ends")
-        self.build_timeline(self.query_one(Timeline).buckets)
 
     def on_timeline_ready(self, message: TimelineReady) -> None:
         timeline = self.query_one(Timeline)
@@ -398,7 +406,7 @@ class TraceApp(App[None]):
         return " ", Style()
 
     def on_pass_list_selected(self, message: PassList.Selected) -> None:
-        if message.pass_no != self.selected or self._detail_for != message.pass_no:
+        if message.pass_no != self.selected or self.detail_pass != message.pass_no:
             self._apply_selection(message.pass_no)
 
     def _apply_selection(self, n: int) -> None:
@@ -421,7 +429,7 @@ class TraceApp(App[None]):
     def _show_detail(self) -> None:
         if not self.passes:
             return
-        n = self._detail_for = self.selected
+        n = self.detail_pass = self.selected
         try:
             p = self.cache.get(n)
         except SchedtraceError as exc:

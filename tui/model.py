@@ -178,6 +178,83 @@ class RidSpan:
     finish: str | None = None  # "length @ 1.2s", "abort @ ...", None while unfinished
 
 
+_NONE: Final = -(2**63)  # "no value" in the int64 columns below
+
+
+class RidIndex:
+    """Every rid's pass span, arrival and finish, in columns (a million requests fit in ~100 MB).
+
+    One ``RidSpan`` object per rid costs about three times as much; spans are
+    made on demand by ``get``.
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self.first_pass = array("q")
+        self.last_pass = array("q")
+        self.arrival_ns = array("q")
+        self.finish_ns = array("q")
+        self.finish_reason = array("H")  # index into self._reasons
+        self._reasons: list[str] = []
+        self._reason_code: dict[str, int] = {}
+
+    def touch(self, rid: str, n: int) -> None:
+        """``rid`` is seen at pass ``n``."""
+        i = self._index.get(rid)
+        if i is None:
+            self._add(rid, n)
+        elif n > self.last_pass[i]:
+            self.last_pass[i] = n
+
+    def _add(self, rid: str, n: int) -> int:
+        i = self._index[rid] = len(self.first_pass)
+        self.first_pass.append(n)
+        self.last_pass.append(n)
+        self.arrival_ns.append(_NONE)
+        self.finish_ns.append(_NONE)
+        self.finish_reason.append(0)
+        return i
+
+    def arrived(self, rid: str, n: int, t_ns: int) -> None:
+        i = self._index.get(rid)
+        if i is None:
+            i = self._add(rid, n)
+        self.arrival_ns[i] = t_ns
+
+    def finished(self, rid: str, last_pass: int, reason: str, t_ns: int) -> None:
+        """A known rid ended (unknown rids are ignored, as before they were ever seen)."""
+        i = self._index.get(rid)
+        if i is None:
+            return
+        self.last_pass[i] = max(self.last_pass[i], last_pass)
+        code = self._reason_code.get(reason)
+        if code is None:
+            code = self._reason_code[reason] = len(self._reasons)
+            self._reasons.append(reason)
+        self.finish_reason[i] = code
+        self.finish_ns[i] = t_ns
+
+    def get(self, rid: str) -> RidSpan | None:
+        i = self._index.get(rid)
+        if i is None:
+            return None
+        arrival, finish_ns = self.arrival_ns[i], self.finish_ns[i]
+        finish = None if finish_ns == _NONE else f"{self._reasons[self.finish_reason[i]]} @ {humanize_ns(finish_ns)}"
+        return RidSpan(self.first_pass[i], self.last_pass[i], None if arrival == _NONE else arrival, finish)
+
+    def __getitem__(self, rid: str) -> RidSpan:
+        span = self.get(rid)
+        if span is None:
+            raise KeyError(rid)
+        return span
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
 @dataclass
 class ScanResult:
     """What one pass over every record yields; arrays are indexed by pass number."""
@@ -187,7 +264,7 @@ class ScanResult:
     results: array = field(default_factory=lambda: array("B"))  # codes into RESULTS
     error_passes: array = field(default_factory=lambda: array("q"))  # raised, or a failed alloc
     failed_allocs: array = field(default_factory=lambda: array("q"))
-    rids: dict[str, RidSpan] = field(default_factory=dict)
+    rids: RidIndex = field(default_factory=RidIndex)
     stalls: list[tuple[int, int]] = field(default_factory=list)  # recorded stalls (replay.stalls rules)
     losses: int = 0
     end_ns: int = 0
@@ -197,14 +274,6 @@ class ScanResult:
     @property
     def passes(self) -> int:
         return len(self.t_ns)
-
-
-def _touch(rids: dict[str, RidSpan], rid: str, n: int) -> None:
-    span = rids.get(rid)
-    if span is None:
-        rids[rid] = RidSpan(n, n)
-    else:
-        span.last_pass = max(span.last_pass, n)
 
 
 def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] | None = None,
@@ -222,8 +291,10 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     s = out.series
     waiting, running, kv_free, kv_evict, chunk = (s[name] for name in SERIES)
     rids = out.rids
+    touch = rids.touch
     pending_arrivals: list[tuple[str, int]] = []
     last_pass = -1
+    end_ns = 0
     size = max(reader.data_end, 1)
     try:
         for offset, record in reader.records():
@@ -241,21 +312,18 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
                     out.error_passes.append(n)
                 stall_scanner.feed_pass(record, recorded_decision(record), seq=n)
                 for rid, at in pending_arrivals:
-                    span = rids.setdefault(rid, RidSpan(n, n))
-                    span.arrival_ns = at
+                    rids.arrived(rid, n, at)
                 pending_arrivals.clear()
                 for c in record.candidates:
-                    _touch(rids, c.rid, n)
+                    touch(c.rid, n)
                 for a in record.admitted:
-                    _touch(rids, a.rid, n)
+                    touch(a.rid, n)
                 if record.chunked is not None:
-                    _touch(rids, record.chunked.rid, n)
+                    touch(record.chunked.rid, n)
                 if n % every == 0:
                     # Drop the mapped pages already read, so a big scan does not count the
-                    # whole file in our RSS (needs TraceReader.release_pages; see the report).
-                    release = getattr(reader, "release_pages", None)
-                    if release is not None:
-                        release(offset)
+                    # whole file in our RSS.
+                    reader.release_pages(offset)
                     if on_progress is not None:
                         on_progress(offset, size)
                     if cancelled():
@@ -263,23 +331,19 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
             elif kind is Arrival:
                 pending_arrivals.append((record.rid, record.t_ns))
             elif kind is Finish or kind is Abort:
-                span = rids.get(record.rid)
-                if span is not None:
-                    span.last_pass = max(span.last_pass, last_pass)
-                    reason = record.reason if kind is Finish else "abort"
-                    span.finish = f"{reason} @ {humanize_ns(record.t_ns)}"
+                rids.finished(record.rid, last_pass, record.reason if kind is Finish else "abort", record.t_ns)
             elif kind is Retract:
-                _touch(rids, record.rid, max(last_pass, 0))
+                touch(record.rid, max(last_pass, 0))
             elif kind is Alloc:
                 if not record.ok:
                     out.failed_allocs.append(record.pass_seq)
                     out.error_passes.append(record.pass_seq)
             elif kind is Loss:
                 out.losses += record.count
-            if hasattr(record, "t_ns"):
-                out.end_ns = max(out.end_ns, record.t_ns)
+            end_ns = max(end_ns, getattr(record, "t_ns", 0))
     except TraceFormatError as exc:
         out.failure = str(exc)
+    out.end_ns = end_ns
     out.truncated_at = reader.truncated_at
     out.stalls = [(st.start_pass, st.end_pass) for st in stall_scanner.finish()]
     # Sorted and unique, so bisect can walk them.

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
+from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from replay.report import Decision, Divergence, Mismatch
-from tui.model import decision_diff, humanize_ns, pass_result, recorded_decision
 from tracer.schema import Pass
+from tui.model import decision_diff, humanize_ns, pass_result, recorded_decision
 
 MAX_QUEUE_ROWS = 40
 
@@ -149,6 +150,8 @@ class DetailPane(ScrollView):
         super().__init__(**kwargs)
         self.lines: list[Text] = [Text("No pass selected.")]
         self._strips: list[Strip] | None = None
+        self._shown: dict[int, Strip] = {}  # line -> strip as drawn for _shown_key
+        self._shown_key: tuple[Style | None, int, int] = (None, -1, -1)  # (widget style, scroll x, width)
 
     @property
     def renderable(self) -> RenderableType:
@@ -169,6 +172,7 @@ class DetailPane(ScrollView):
             for line in text.split("\n") if "\n" in text.plain else (text,):  # a multi-line error message
                 strips.append(Strip(line.render(console), line.cell_len))
         self._strips = strips
+        self._shown = {}
         width = max((strip.cell_length for strip in strips), default=0)
         self._set_virtual_size(Size(width, len(strips)))
         return strips
@@ -188,11 +192,26 @@ class DetailPane(ScrollView):
         self.set_reactive(DetailPane.virtual_size, size)
         self._scroll_update(size)
 
+    def _check_shown_key(self) -> None:
+        key = (self.rich_style, self.scroll_offset.x, self.scrollable_content_region.width)
+        if key != self._shown_key:
+            self._shown_key, self._shown = key, {}
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._check_shown_key()  # once per paint: the widget's style is costly to look up per line
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.scrollable_content_region.width
+        if self._shown_key[2] < 0:
+            self._check_shown_key()
+        style, scroll_x, width = self._shown_key
         strips = self._strips if self._strips is not None else self._build_strips()
-        row = scroll_y + y
-        if row >= len(strips):
-            return Strip.blank(width, self.rich_style)
-        return strips[row].crop_extend(scroll_x, scroll_x + width, self.rich_style).apply_style(self.rich_style)
+        row = self.scroll_offset.y + y
+        shown = self._shown.get(row)
+        if shown is None:
+            if row >= len(strips):
+                shown = Strip.blank(width, style)
+            else:
+                shown = strips[row].crop_extend(scroll_x, scroll_x + width, style).apply_style(style)
+            self._shown[row] = shown
+        return shown
