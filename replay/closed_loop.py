@@ -28,7 +28,7 @@ from replay.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
 from replay.stalls import DEFAULT_MIN_PASSES, find_stalls
 from tracer.errors import ReplayStateError, UsageError
 from tracer.format import TraceReader
-from tracer.schema import Arrival, Finish, Header, Idle, Pass
+from tracer.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
 
 DEFAULT_PASS_NS: Final = 1_000_000  # pass period when the trace has too few passes to tell
 MAX_ERRORS_LISTED: Final = 20  # per arm; ``exceptions`` still counts them all
@@ -204,51 +204,33 @@ def _arrival_req(event: Arrival, targets: dict[str, int]) -> LoopReq:
     )
 
 
+def _loop_req(row: WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | None) -> LoopReq:
+    """A recorded request row as loop state; ``state`` holds what differs per queue."""
+    return LoopReq(
+        rid=row.rid,
+        input_len=row.input_len,
+        max_new_tokens=row.max_new_tokens,
+        target_output=_target(row.rid, row.max_new_tokens, targets),
+        output_len=row.output_len,
+        ignore_eos=row.ignore_eos,
+        **state,
+    )
+
+
 def initial_state(p: Pass, targets: dict[str, int]) -> LoopState:
     """The loop state at a recorded pass's entry."""
-    waiting = [
-        LoopReq(
-            rid=w.rid,
-            input_len=w.input_len,
-            max_new_tokens=w.max_new_tokens,
-            target_output=_target(w.rid, w.max_new_tokens, targets),
-            output_len=w.output_len,
-            prefix_len=w.prefix_len,
-            priority=w.priority,
-            ignore_eos=w.ignore_eos,
-        )
-        for w in p.waiting
-    ]
+    waiting = [_loop_req(w, targets, prefix_len=w.prefix_len, priority=w.priority) for w in p.waiting]
     running = []
     for r in p.running:
         # KV holds the prompt and every output but the newest (decoded next pass).
         tokens = r.input_len + max(r.output_len - 1, 0)
-        running.append(
-            LoopReq(
-                rid=r.rid,
-                input_len=r.input_len,
-                max_new_tokens=r.max_new_tokens,
-                target_output=_target(r.rid, r.max_new_tokens, targets),
-                output_len=r.output_len,
-                kv_tokens=tokens,
-                kv_held=tokens,
-                ignore_eos=r.ignore_eos,
-            )
-        )
-    chunked = None
-    if p.chunked is not None:
-        c = p.chunked
-        chunked = LoopReq(
-            rid=c.rid,
-            input_len=c.input_len,
-            max_new_tokens=c.max_new_tokens,
-            target_output=_target(c.rid, c.max_new_tokens, targets),
-            output_len=c.output_len,
-            prefix_len=c.prefix_len,
-            kv_tokens=c.prefix_len,
-            kv_held=c.prefix_len,
-            ignore_eos=c.ignore_eos,
-        )
+        running.append(_loop_req(r, targets, kv_tokens=tokens, kv_held=tokens))
+    c = p.chunked
+    chunked = (
+        None
+        if c is None
+        else _loop_req(c, targets, prefix_len=c.prefix_len, kv_tokens=c.prefix_len, kv_held=c.prefix_len)
+    )
     return LoopState(
         waiting=waiting,
         running=running,
