@@ -367,3 +367,20 @@ def test_rid_index_keeps_spans_arrivals_and_finishes():
     assert "ghost" not in rids and rids.get("ghost") is None and len(rids) == 2
     with pytest.raises(KeyError):
         rids["ghost"]
+
+
+async def test_old_new_runs_the_real_replay_in_a_worker_and_jumps_to_its_divergence(tmp_path):
+    """``--old stock --new fixed``: the real sglang replay runs in a worker and
+    its divergences arrive as messages; `n` then jumps to the latch divergence."""
+    from repro_traces import latch_trace
+
+    path = latch_trace(tmp_path / "latch.trace")
+    app = TraceApp(TraceReader(path), arms=("stock", "fixed"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.replay.report is not None and app.replay.report.fidelity.matched == 10
+        assert sorted(app.replay.divergences) == list(range(10))
+        await pilot.press("n")
+        assert app.selected == app.detail_pass == 1  # the next divergence after pass 0
+        text = detail_text(app)
+        assert "fixes responsible: latch" in text and "≠ batch_is_full" in text
