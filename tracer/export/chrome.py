@@ -33,7 +33,7 @@ from replay.report import Divergence, Report, Stall
 from tracer.format import TraceReader
 from tracer.otel_mirror import pass_result, split_error
 from tracer import otel_attrs as A
-from tracer.schema import Abort, Alloc, Arrival, Finish, Header, HookError, Loss, Pass, Record, Retract
+from tracer.schema import Abort, Alloc, Arrival, Finish, Header, HookError, Loss, Pass, Retract
 
 PID = 1
 TID_PASSES, TID_EVENTS, TID_STALLS, TID_DIVERGENCES = 1, 2, 3, 4
