@@ -73,6 +73,11 @@ class StallScanner:
         self._count = 0
         self._head: str | None = None
 
+    @property
+    def open_run_start(self) -> int | None:
+        """First pass of the stalled run in progress, if any."""
+        return self._start
+
     def feed_pass(self, p: Pass, d: Decision, seq: int | None = None) -> bool:
         """Feed one pass under one arm's decision; returns whether it stalled."""
         stalled = is_stalled(p, d, self.max_running)

@@ -10,7 +10,8 @@ import pytest
 from bench.gen_trace import generate
 from otel_support import header, records, run_cli, write_small_trace
 from replay.report import load_report
-from tracer.export.chrome import COUNTERS, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
+from replay.stalls import recorded_stalls
+from tracer.export.chrome import COUNTERS, DEFAULT_STALL_PASSES, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
 from tracer.format import TraceReader, TraceWriter
 from tracer.schema import Alloc, Arrival, Finish, Pass
 
@@ -124,26 +125,20 @@ def test_chrome_json_round_trips_the_trace_counts(synthetic, tmp_path):
     assert len(queued) >= len(finished)  # every finished request was admitted once at least
 
 
-def test_without_a_report_stalls_come_from_rejected_runs(synthetic, tmp_path):
+def test_without_a_report_stalls_come_from_the_recorded_decisions(synthetic, tmp_path):
     trace, report_path = synthetic
     doc = _export(trace, tmp_path / "out.json")
     events = _check_trace_event_format(doc)
-    found = [e["args"] for e in events if e["ph"] == "i" and e["tid"] == TID_STALLS]
-    planted = load_report(report_path).stalls["stock"]  # the generator's latched windows
-    assert planted
-    found_runs = [(s["start_pass"], s["end_pass"], s["passes"], s["head_rid"]) for s in found]
-    assert set(found_runs) >= {(s.start_pass, s.end_pass, s.passes, s.head_rid) for s in planted}
+    found = [e for e in events if e["ph"] == "i" and e["tid"] == TID_STALLS]
+    found_runs = [(e["args"]["start_pass"], e["args"]["end_pass"], e["args"]["passes"], e["args"]["head_rid"]) for e in found]
     with TraceReader(trace) as reader:
         passes = list(reader.passes())
-
-    def rejected(p):
-        return bool(p.waiting) and not p.admitted and not (p.chunk and p.chunk.size) and p.error is None
-
-    for start, end, count, _ in found_runs:  # each is a maximal run of rejected passes, long enough
-        assert all(rejected(p) for p in passes[start : end + 1])
-        assert count == sum(p.repeat for p in passes[start : end + 1]) >= 32
-        assert start == 0 or not rejected(passes[start - 1])
-        assert end + 1 == len(passes) or not rejected(passes[end + 1])
+        expected = recorded_stalls(passes, DEFAULT_STALL_PASSES, reader.header.server_args.max_running_requests)
+    assert expected  # the generator plants latched windows
+    assert found_runs == [(s.start_pass, s.end_pass, s.passes, s.head_rid) for s in expected]
+    assert [e["ts"] for e in found] == [passes[s.start_pass].t_ns / 1000 for s in expected]  # at each onset
+    planted = load_report(report_path).stalls["stock"]
+    assert {s.start_pass for s in planted} <= {s.start_pass for s in expected}
     assert not [e for e in events if e["tid"] == TID_DIVERGENCES and e["ph"] != "M"]
 
 

@@ -9,7 +9,7 @@ One process per trace (the scheduler), with these tracks:
 * thread "events": ``i`` instants for failed allocations, exceptions, hook
   errors and record losses;
 * thread "stalls": ``i`` at the onset of each stall, from the replay report
-  when given, else from runs of at least ``stall_passes`` rejected passes
+  when given, else the stalls in the recorded decisions (``replay.stalls``)
   with work waiting;
 * thread "replay divergences" (with a report): one ``i`` per divergence;
 * per request, nestable async slices ``b``/``e`` (category ``request``, id =
@@ -29,10 +29,11 @@ from typing import IO, Any
 
 import msgspec
 
+from replay.capture import recorded_decision
 from replay.report import Divergence, Report, Stall
+from replay.stalls import StallScanner
 from tracer.format import TraceReader
 from tracer.otel_mirror import pass_result, split_error
-from tracer import otel_attrs as A
 from tracer.schema import Abort, Alloc, Arrival, Finish, Header, HookError, Loss, Pass, Retract
 
 PID = 1
@@ -144,33 +145,31 @@ class _Requests:
             yield from self.end(rid, t_ns, {"unfinished": True})
 
 
-@dataclass
 class _StallRuns:
-    """Runs of rejected passes with work waiting, for traces without a report."""
+    """Stalls in what the recording decided (``replay.stalls``), for traces without a report."""
 
-    threshold: int
-    start: Pass | None = None
-    last_seq: int = -1
-    passes: int = 0
+    def __init__(self, threshold: int, max_running: int | None) -> None:
+        self.scanner = StallScanner(threshold, max_running)
+        self.onset_ns = 0  # t_ns of the open run's first pass
+        self.reported = 0
 
     def feed(self, record: Pass) -> Iterator[Event]:
-        stalled = pass_result(record) == A.RESULT_REJECTED and bool(record.waiting)
-        if stalled:
-            if self.start is None:
-                self.start = record
-                self.passes = 0
-            self.passes += max(record.repeat, 1)
-            self.last_seq = record.seq
-        else:
-            yield from self.flush()
+        onset_ns = self.onset_ns  # a run this record closes started then
+        if self.scanner.feed_pass(record, recorded_decision(record)) and self.scanner.open_run_start == record.seq:
+            self.onset_ns = record.t_ns
+        yield from self._new_stalls(onset_ns)
 
     def flush(self) -> Iterator[Event]:
-        start, self.start = self.start, None
-        if start is not None and self.passes >= self.threshold:
-            yield instant("stall", TID_STALLS, start.t_ns, {
-                "source": "rejected passes in the trace", "start_pass": start.seq, "end_pass": self.last_seq,
-                "passes": self.passes, "head_rid": start.waiting[0].rid if start.waiting else None,
+        self.scanner.finish()
+        yield from self._new_stalls(self.onset_ns)
+
+    def _new_stalls(self, onset_ns: int) -> Iterator[Event]:
+        for stall in self.scanner.stalls[self.reported :]:
+            yield instant("stall", TID_STALLS, onset_ns, {
+                "source": "the recorded decisions", "start_pass": stall.start_pass, "end_pass": stall.end_pass,
+                "passes": stall.passes, "head_rid": stall.head_rid,
             })
+        self.reported = len(self.scanner.stalls)
 
 
 def divergence_event(div: Divergence) -> Event:
@@ -206,7 +205,7 @@ def trace_events(
         for arm, arm_stalls in sorted(report.stalls.items()):
             for stall in arm_stalls:
                 stalls[stall.start_pass].append((arm, stall))
-    runs = _StallRuns(stall_passes) if report is None else None
+    runs = _StallRuns(stall_passes, reader.header.server_args.max_running_requests) if report is None else None
     requests = _Requests()
     counters: dict[str, int] = {}
     last_t = 0

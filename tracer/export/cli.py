@@ -24,7 +24,7 @@ from tracer.errors import UsageError
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=120), default=10.0, show_default=True,
               help="otlp: seconds per batch, retries included, before giving up.")
 @click.option("--stall-passes", type=click.IntRange(min=1), default=32, show_default=True,
-              help="chrome without --report: rejected passes in a row that mark a stall.")
+              help="chrome without --report: passes in a row that make a stall (replay.stalls).")
 def export(trace: str, fmt: str, output: str | None, endpoint: str | None, report_path: str | None,
            timeout_s: float, stall_passes: int) -> None:
     """Export TRACE for Perfetto UI (--format chrome) or an OpenTelemetry collector (--format otlp)."""
