@@ -9,8 +9,7 @@ One process per trace (the scheduler), with these tracks:
 * thread "events": ``i`` instants for failed allocations, exceptions, hook
   errors and record losses;
 * thread "stalls": ``i`` at the onset of each stall, from the replay report
-  when given, else the stalls in the recorded decisions (``replay.stalls``)
-  with work waiting;
+  when given, else the stalls in the recorded decisions (``replay.stalls``);
 * thread "replay divergences" (with a report): one ``i`` per divergence;
 * per request, nestable async slices ``b``/``e`` (category ``request``, id =
   rid): the request from arrival to finish, with ``queued`` (arrival to
