@@ -6,7 +6,7 @@ and stops it. Runs alternate off, on, off, on, ... so drift on a shared
 machine hits both sides alike. Prints every figure, the on/off ratio of the
 means, each round's paired ratio, and the run-to-run spread.
 
-    python -m bench.bench_sandbox_ab [--rounds 2] [--prompts 48]
+    python -m bench.bench_sandbox_ab [--rounds 2] [--prompts 96]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tracer.load import LoadResult, LoadSpec, run_load
 from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer
 
 # Smaller than the demo's load so a run takes about a minute on 2 cores.
-BENCH_LOAD = LoadSpec(num_prompts=48, max_concurrency=24, input_len=3000, output_len=100)
+BENCH_LOAD = LoadSpec(num_prompts=96, max_concurrency=24, input_len=3000, output_len=100)
 
 
 @dataclass(frozen=True)
