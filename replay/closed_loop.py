@@ -193,43 +193,42 @@ def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
     return max(1, targets.get(rid, max_new_tokens))
 
 
-def _arrival_req(event: Arrival, targets: dict[str, int]) -> LoopReq:
-    return LoopReq(
-        rid=event.rid,
-        input_len=event.input_len,
-        max_new_tokens=event.max_new_tokens,
-        target_output=_target(event.rid, event.max_new_tokens, targets),
-        priority=event.priority,
-        ignore_eos=event.ignore_eos,
-    )
-
-
-def _loop_req(row: WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | None) -> LoopReq:
-    """A recorded request row as loop state; ``state`` holds what differs per queue."""
+def _loop_req(
+    row: Arrival | WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | None
+) -> LoopReq:
+    """A recorded request (arrival or queue row) as loop state; ``state`` is what differs."""
     return LoopReq(
         rid=row.rid,
         input_len=row.input_len,
         max_new_tokens=row.max_new_tokens,
         target_output=_target(row.rid, row.max_new_tokens, targets),
-        output_len=row.output_len,
         ignore_eos=row.ignore_eos,
         **state,
     )
 
 
+def _arrival_req(event: Arrival, targets: dict[str, int]) -> LoopReq:
+    return _loop_req(event, targets, priority=event.priority)
+
+
 def initial_state(p: Pass, targets: dict[str, int]) -> LoopState:
     """The loop state at a recorded pass's entry."""
-    waiting = [_loop_req(w, targets, prefix_len=w.prefix_len, priority=w.priority) for w in p.waiting]
+    waiting = [
+        _loop_req(w, targets, output_len=w.output_len, prefix_len=w.prefix_len, priority=w.priority)
+        for w in p.waiting
+    ]
     running = []
     for r in p.running:
         # KV holds the prompt and every output but the newest (decoded next pass).
         tokens = r.input_len + max(r.output_len - 1, 0)
-        running.append(_loop_req(r, targets, kv_tokens=tokens, kv_held=tokens))
+        running.append(_loop_req(r, targets, output_len=r.output_len, kv_tokens=tokens, kv_held=tokens))
     c = p.chunked
     chunked = (
         None
         if c is None
-        else _loop_req(c, targets, prefix_len=c.prefix_len, kv_tokens=c.prefix_len, kv_held=c.prefix_len)
+        else _loop_req(
+            c, targets, output_len=c.output_len, prefix_len=c.prefix_len, kv_tokens=c.prefix_len, kv_held=c.prefix_len
+        )
     )
     return LoopState(
         waiting=waiting,
