@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from tracer.errors import FixMismatchError
+from tracer.snapshot import installed_version
 
 # Compiler flags a module's ``from __future__`` imports put on its code objects.
 _FUTURE_FLAGS = 0
@@ -132,14 +133,8 @@ class PreparedFix:
         return all(edit.is_applied for edit in self.edits)
 
 
-@cache
 def sglang_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return "unknown"
+    return installed_version("sglang")
 
 
 def resolve(target: str) -> types.FunctionType:

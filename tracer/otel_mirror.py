@@ -35,6 +35,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from tracer import otel_attrs as A
 from tracer.schema import Aiter, Alloc, Header, HookError, Loss, Pass, Record
+from tracer.snapshot import installed_version
 
 _log = logging.getLogger(__name__)
 
@@ -325,9 +326,5 @@ def make_sink(
 
 
 def schedtrace_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("schedtrace")
-    except Exception:
-        return None
+    version = installed_version("schedtrace")
+    return None if version == "unknown" else version

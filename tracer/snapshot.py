@@ -10,6 +10,7 @@ that never change once a request is queued (see the note below).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import socket
 from operator import attrgetter
@@ -179,8 +180,8 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
     req_pool = getattr(scheduler, "req_to_token_pool", None)
     return Header(
         schema_version=SCHEMA_VERSION,
-        sglang_version=_version("sglang"),
-        schedtrace_version=_version("schedtrace"),
+        sglang_version=installed_version("sglang"),
+        schedtrace_version=installed_version("schedtrace"),
         host=socket.gethostname(),
         pid=pid,
         tp_rank=tp_rank,
@@ -212,7 +213,9 @@ def _call(obj: Any, name: str, fallback: Any) -> Any:
     return fallback() if callable(fallback) else fallback
 
 
-def _version(dist: str) -> str:
+@functools.cache
+def installed_version(dist: str) -> str:
+    """The installed version of a distribution, or "unknown"."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
