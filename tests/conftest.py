@@ -93,6 +93,7 @@ def generate(
     *,
     ignore_eos: bool = True,
     sampling_params: dict | None = None,
+    prefix_ids: list[int] | None = None,
     timeout_s: float = GENERATE_TIMEOUT_S,
 ) -> dict:
     """POST ``/generate`` and return sglang's JSON reply (blocks until finished).
@@ -102,6 +103,8 @@ def generate(
     sglang's request id (it shows up in traces and in ``meta_info["id"]``).
     ``ignore_eos`` defaults to True so exactly ``max_new_tokens`` are produced.
     ``sampling_params`` are merged over ``max_new_tokens``/``ignore_eos``.
+    ``prefix_ids`` (e.g. a shared system prompt) replace the first ids of the
+    prompt, which keeps ``input_len`` tokens.
     The reply has ``text``, ``output_ids`` and ``meta_info`` (``id``,
     ``prompt_tokens``, ``completion_tokens``, ``finish_reason``,
     ``num_retractions``, ...). Raises ``AssertionError`` with the server's
@@ -109,7 +112,10 @@ def generate(
     """
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
     params.update(sampling_params or {})
-    body = {"rid": rid, "input_ids": random_input_ids(input_len, rid), "sampling_params": params}
+    input_ids = random_input_ids(input_len, rid)
+    if prefix_ids:
+        input_ids[: len(prefix_ids)] = prefix_ids
+    body = {"rid": rid, "input_ids": input_ids, "sampling_params": params}
     request = urllib.request.Request(
         server.url + "/generate",
         data=json.dumps(body).encode(),

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import generate
+from conftest import generate, random_input_ids
 
 from tracer.format import TraceReader
 from tracer.recorder import Recorder, make_hooks
@@ -22,6 +22,8 @@ from tracer.writer_thread import WriterThread
 from test_format import header
 
 # --- live server --------------------------------------------------------------
+
+SYSTEM_PROMPT = 2000  # tokens of the shared prompt in the shared-prompt test
 
 
 def read_all(trace_dir: Path) -> tuple[list, int]:
@@ -76,6 +78,38 @@ def test_live_trace_matches_what_happened(sandbox) -> None:
     assert all(a.requested <= max_total for a in allocs)
     assert sum(r.count for r in records if isinstance(r, Idle)) > 0
     assert not [r for r in records if isinstance(r, (HookError, Loss))]
+
+
+def test_live_shared_prompt_records_matches_and_lock_drops(sandbox) -> None:
+    """A system prompt cached by one request and then shared by concurrent
+    ones: each candidate's match, what pinning it took from the evictable
+    count (all of it only while no other request held it), and a replay of
+    the trace that reproduces every pass."""
+    from replay.api import run_replay
+
+    system = random_input_ids(SYSTEM_PROMPT, "rec-shared-system")
+    generate(sandbox, "rec-shared-warm", SYSTEM_PROMPT + 8, 1, prefix_ids=system)  # leaves it cached, unpinned
+    rids = [f"rec-shared-{i}" for i in range(10)]
+    with ThreadPoolExecutor(len(rids)) as pool:
+        outs = list(pool.map(
+            lambda n: generate(sandbox, rids[n], SYSTEM_PROMPT + 300 + 400 * n, 20, prefix_ids=system),
+            range(len(rids)),
+        ))
+    assert all(o["meta_info"]["cached_tokens"] >= SYSTEM_PROMPT for o in outs)
+
+    records, _ = read_all(sandbox.trace_dir)
+    candidates = [c for r in records if isinstance(r, Pass) for c in r.candidates if c.rid in rids]
+    first_try = {}
+    for c in candidates:
+        first_try.setdefault(c.rid, c)
+    assert set(first_try) == set(rids)
+    assert all(c.prefix_len == SYSTEM_PROMPT for c in first_try.values())
+    drops = [c.locked_evictable for c in candidates if c.prefix_len]
+    # The first pin takes the whole (evictable) prompt; while a request holds it, a pin takes nothing.
+    assert set(drops) <= {0, SYSTEM_PROMPT} and SYSTEM_PROMPT in drops and 0 in drops, drops
+    for trace in sorted(Path(sandbox.trace_dir).glob("*.trace")):
+        fid = run_replay(trace, "stock", "stock").fidelity
+        assert fid.matched == fid.total, [(m.pass_, m.fields) for m in fid.mismatches[:5]]
 
 
 # --- writer under load, killed -----------------------------------------------
@@ -278,13 +312,23 @@ def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> No
     cache.lock(running.last_device_node)  # the running request pins its 100 tokens
     assert cache.evictable_size() == 40
 
-    probe = LockProbe(cache)
-    probe.install()
-    pin = cache.lock(candidate.last_device_node)
-    kept = cache.lock(candidate.last_device_node)  # the commit lock: moves nothing more
-    probe.remove()
-    assert probe.drop == 40 and probe.error is None  # not 100: 60 were already pinned
-    assert "lock" not in vars(cache)  # the instance is left as it was
+    probe = LockProbe()
+    original = type(cache).lock
+
+    def lock(node):  # what HookRegistry's AROUND wrapper of RadixCache.lock calls
+        return probe.hook(original, cache, node)
+
+    probe.arm()
+    pin = lock(candidate.last_device_node)
+    kept = lock(candidate.last_device_node)  # the commit lock: moves nothing more
+    assert probe.disarm() == 40 and probe.error is None  # not 100: 60 were already pinned
+    probe.arm()  # the next candidate: a lock on the same, now pinned, prefix drops nothing
+    again = lock(candidate.last_device_node)
+    assert probe.disarm() == 0
+    unarmed = lock(candidate.last_device_node)  # outside arm/disarm: not measured
+    assert probe.drop == 0
+    for held in (again, unarmed):
+        cache.unlock(held)
     cache.unlock(pin)
     cache.unlock(kept)
     assert cache.evictable_size() == 40
@@ -292,32 +336,44 @@ def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> No
 
 @pytest.mark.parametrize(("recorded", "measured"), [(500, 500), (None, 700)])
 def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measured) -> None:
-    """Through the real PrefillAdder (on replay's tree-cache stand-in, which
-    applies a recorded drop or else pins the whole match): the hook records
-    what the first lock on each candidate took from the evictable count."""
+    """Through the real pass and PrefillAdder (on replay's tree-cache stand-in,
+    which applies a recorded drop or else pins the whole match): the hook
+    records what the first lock on each candidate took from the evictable
+    count, through the pass that replay stops right after admission (it raises)."""
     from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
     from test_replay import SHARED_PREFIX, pinned_prefix_trace
 
     from replay.driver import PassDriver
-    from tracer.recorder import ADDER, _PassCapture
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+    from tracer.lock_probe import LOCK_TARGETS
+    from tracer.recorder import ADDER, SCHED
 
     with TraceReader(pinned_prefix_trace(tmp_path / "t.trace", recorded)) as reader:
         driver = PassDriver(reader.header)
         p = reader.pass_at(0)
     rec = Recorder(tmp_path)
-    hook = dict(make_hooks(rec))[f"{ADDER}.add_one_req"]
-    cap = rec.capture = _PassCapture()
-    original = PrefillAdder.__dict__["add_one_req"]
-    PrefillAdder.add_one_req = _wrap_fn(original, hook, HookType.AROUND)
+    rec.writer = WriterThread(tmp_path, "probe", lambda part, first: header(), clock_ns=rec.now, flush_interval_s=3600)
+    hooks = dict(make_hooks(rec))
+    points = [(PrefillAdder, "add_one_req", f"{ADDER}.add_one_req"),
+              (Scheduler, "_get_new_batch_prefill_raw", f"{SCHED}._get_new_batch_prefill_raw"),
+              (BasePrefixCache, "lock", LOCK_TARGETS[0])]  # replay's tree-cache stand-in inherits it
+    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in points]
+    for owner, name, target in points:
+        setattr(owner, name, _wrap_fn(owner.__dict__[name], hooks[target], HookType.AROUND))
     try:
         decision = driver.decide(p, "stock")
     finally:
-        PrefillAdder.add_one_req = original
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    rec.close()
     assert rec.hook_errors == {}
-    first, *rest = cap.candidates
+    with TraceReader(rec.writer.paths[0]) as reader:
+        (recorded_pass,) = reader.passes()
+    first, *rest = recorded_pass.candidates
     assert (first.rid, first.prefix_len, first.locked_evictable) == ("cached", SHARED_PREFIX, measured)
     # Admitted, ``cached`` leaves ``fresh`` a try; its empty match pins nothing.
     assert [(c.rid, c.locked_evictable) for c in rest] == ([("fresh", 0)] if recorded is not None else [])
     assert (decision.admitted == [("cached", 1)]) == (recorded is not None)
-    assert "lock" not in vars(driver.tree_cache)
+    assert [a.rid for a in recorded_pass.admitted] == [rid for rid, _ in decision.admitted]

@@ -14,49 +14,54 @@ from typing import Any
 
 from tracer.snapshot import cache_evictable
 
+# Every ``lock`` sglang 0.5.23 defines; all other prefix caches inherit one of them.
+LOCK_TARGETS = (
+    "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.lock",
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.lock",
+)
+
 
 class LockProbe:
-    """How far the evictable count drops when the adder first locks a candidate's prefix.
+    """How far the evictable count drops at the first tree-cache lock after ``arm``.
 
-    The probe shadows ``lock`` on the tree-cache *instance* for one ``add_one_req``
-    call (``install``/``remove``), so every other lock in the server runs
-    unwrapped, and reads the evictable count around the first call. ``drop``
-    stays None if no lock was taken; a failed read leaves it None, sets
-    ``error`` and never reaches the lock's caller.
+    ``hook`` is an AROUND hook for the ``LOCK_TARGETS``, installed once like
+    every recorder hook: it wraps the class methods, so no tree-cache object
+    is ever changed (an instance attribute shadowing ``lock`` would also cost
+    sglang its specialised attribute reads on that object). Outside
+    ``arm``/``disarm`` it only calls through. Inside, the first lock is
+    measured by reading the evictable count around it (nested calls, such as a
+    subclass's ``lock`` calling its base, then go straight through).
+    ``disarm`` returns the drop, None if no lock was taken; a failed read
+    leaves None, sets ``error`` and never reaches the lock's caller.
     """
 
-    __slots__ = ("tree_cache", "drop", "error", "_lock", "_done", "_shadowed")
+    __slots__ = ("armed", "drop", "error")
 
-    def __init__(self, tree_cache: Any) -> None:
-        self.tree_cache = tree_cache
+    def __init__(self) -> None:
+        self.armed = False
         self.drop: int | None = None
         self.error: Exception | None = None
-        self._done = False
 
-    def install(self) -> None:
-        tree_cache = self.tree_cache
-        self._shadowed = tree_cache.__dict__.get("lock")  # an instance attribute we must put back
-        self._lock = tree_cache.lock
-        tree_cache.lock = self.lock
+    def arm(self) -> None:
+        self.drop = None
+        self.armed = True
 
-    def remove(self) -> None:
-        if self._shadowed is not None:
-            self.tree_cache.lock = self._shadowed
-        else:
-            del self.tree_cache.lock
+    def disarm(self) -> int | None:
+        self.armed = False
+        return self.drop
 
-    def lock(self, *args: Any, **kwargs: Any) -> Any:
-        if self._done:
-            return self._lock(*args, **kwargs)
-        self._done = True
+    def hook(self, original: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.armed:
+            return original(tree_cache, *args, **kwargs)
+        self.armed = False
         try:
-            before = cache_evictable(self.tree_cache)
+            before = cache_evictable(tree_cache)
         except Exception as exc:
             self.error = exc
-            return self._lock(*args, **kwargs)
-        result = self._lock(*args, **kwargs)
+            return original(tree_cache, *args, **kwargs)
+        result = original(tree_cache, *args, **kwargs)
         try:
-            self.drop = before - cache_evictable(self.tree_cache)
+            self.drop = before - cache_evictable(tree_cache)
         except Exception as exc:
             self.error = exc
         return result

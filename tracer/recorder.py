@@ -12,10 +12,12 @@ Per pass (``Scheduler._get_new_batch_prefill_raw``):
   the few ints that can change (``tracer.snapshot`` says which), filled by
   the ``PrefillAdder``/``PrefillBudget`` hooks while the pass runs (``error``
   if it raised; the exception is re-raised unchanged). The ``Pass`` record
-  itself is built on the writer thread (``WriterThread`` builds ``Deferred``s);
-  while one candidate is being added, ``LockProbe`` shadows the tree
-  cache's ``lock`` to measure what pinning its prefix took from the evictable
-  count (``Candidate.locked_evictable``);
+  itself is built on the writer thread (``WriterThread`` builds ``Deferred``s),
+  and so are its ``Candidate``/``Admitted`` rows: the hooks keep tuples of
+  the request and the ints read at the time. While a candidate with a
+  prefix match is added, ``LockProbe`` (a hook on the tree caches' ``lock``)
+  measures what pinning that prefix took from the evictable count
+  (``Candidate.locked_evictable``);
 * a rejected pass (nothing admitted, no chunk) is held back; identical
   rejected passes that follow within ``FOLD_WINDOW_NS`` with no record in
   between fold into it (``repeat`` += 1, ``dur_ns`` summed), compared by a
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer import snapshot
-from tracer.lock_probe import LockProbe
+from tracer.lock_probe import LOCK_TARGETS, LockProbe
 from tracer.schema import (
     Abort,
     Admitted,
@@ -92,8 +94,10 @@ class _PassCapture(Deferred):
         self.dur_ns = 0
         self.repeat = 1
         self.idle_before = 0
-        self.candidates: list[Candidate] = []
-        self.admitted: list[Admitted] = []
+        # (req, prefix_len, extend_len, AddReqResult, locked_evictable) per add_one_req call
+        self.candidates: list[tuple] = []
+        # (req, prefix_len, extend_len) per admitted request, the continuing chunk first
+        self.admitted: list[tuple] = []
         self.chunk: ChunkOutcome | None = None
         self.new_chunked_rid: str | None = None
         self.batch_is_full_out = False
@@ -112,6 +116,15 @@ class _PassCapture(Deferred):
             self.candidates, self.batch_is_full_out, self.error,
         )
 
+    def candidate_rows(self) -> list[Candidate]:
+        return [
+            Candidate(req.rid, prefix_len, extend_len, getattr(result, "name", str(result)), drop)
+            for req, prefix_len, extend_len, result, drop in self.candidates
+        ]
+
+    def admitted_rows(self) -> list[Admitted]:
+        return [Admitted(req.rid, prefix_len, extend_len) for req, prefix_len, extend_len in self.admitted]
+
     def build(self) -> Pass:
         chunked = self.chunked
         return Pass(
@@ -120,7 +133,7 @@ class _PassCapture(Deferred):
             snapshot.running_rows(self.running, self.running_out),
             snapshot.chunked_row(chunked, self.chunked_prefix, self.chunked_out) if chunked is not None else None,
             self.batch_is_full_in, snapshot.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
-            self.chunked_prefill_size, self.candidates, self.admitted, self.chunk, self.new_chunked_rid,
+            self.chunked_prefill_size, self.candidate_rows(), self.admitted_rows(), self.chunk, self.new_chunked_rid,
             self.batch_is_full_out, self.error,
         )
 
@@ -151,6 +164,7 @@ class Recorder:
         self._held: Pass | _PassCapture | None = None
         self._held_key: tuple | None = None
         self._in_alloc = False
+        self.lock_probe = LockProbe()
         self._live_rids: set[str] = set()
         self.hook_errors: dict[str, int] = {}
         self._closed = False
@@ -394,6 +408,7 @@ BUDGET_CLASSES = ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")
 def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
     """(dotted target, AROUND hook) pairs for every hook point of ``rec``."""
     hook_failed = rec.hook_failed
+    probe = rec.lock_probe
 
     def pass_hook(original, scheduler, *args, **kwargs):
         # Idle check first: most passes are idle and must cost next to nothing.
@@ -427,42 +442,33 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
         if cap is None:
             return original(adder, req, *args, **kwargs)
         try:
-            before = len(adder.can_run_list)
+            run_list = adder.can_run_list
+            before = len(run_list)
             prefix_len = req.prefix_len
+            # The pin on the candidate's prefix moves only its not-yet-locked part out
+            # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
+            # An empty match pins the root, which is never evictable: nothing to measure.
+            if prefix_len:
+                probe.arm()
         except Exception as exc:
+            probe.disarm()
             hook_failed("add_one_req", exc)
             return original(adder, req, *args, **kwargs)
-        # The pin on the candidate's prefix moves only its not-yet-locked part out
-        # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
-        probe = LockProbe(adder.tree_cache)
-        try:
-            probe.install()
-        except Exception as exc:
-            probe = None
-            hook_failed("lock_probe", exc)
         try:
             result = original(adder, req, *args, **kwargs)
         finally:
-            if probe is not None:
-                try:
-                    probe.remove()
-                except Exception as exc:
-                    hook_failed("lock_probe", exc)
-                if probe.error is not None:
-                    hook_failed("lock_probe", probe.error)
+            drop = probe.disarm() if prefix_len else 0
         try:
-            run_list = adder.can_run_list
-            added = len(run_list) > before and run_list[-1] is req
-            if added:
-                prefix_len = req.prefix_len
-                extend = req.extend_len
-                cap.admitted.append(Admitted(req.rid, prefix_len, extend))
+            # Tuples here; the writer thread makes the rows (_PassCapture.candidate_rows).
+            if len(run_list) > before and run_list[-1] is req:
+                admitted = (req, req.prefix_len, req.extend_len)
+                cap.admitted.append(admitted)
+                cap.candidates.append((*admitted, result, drop))
             else:
-                extend = 0
-            cap.candidates.append(Candidate(
-                req.rid, prefix_len, extend, getattr(result, "name", str(result)),
-                probe.drop if probe is not None else None,
-            ))
+                cap.candidates.append((req, prefix_len, 0, result, drop))
+            if probe.error is not None:
+                error, probe.error = probe.error, None
+                hook_failed("lock_probe", error)
         except Exception as exc:
             hook_failed("add_one_req", exc)
         return result
@@ -488,7 +494,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
             size = req.extend_len if ran else None
             cap.chunk = ChunkOutcome(req.rid, cap.budget, size)
             if ran:
-                cap.admitted.append(Admitted(req.rid, req.prefix_len, size))
+                cap.admitted.append((req, req.prefix_len, size))
         except Exception as exc:
             hook_failed("add_chunked_req", exc)
         return result
@@ -617,6 +623,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Callable[..., Any]]]:
             for cls, method in ALLOCATOR_METHODS
         ],
         (AITER_TARGET, aiter_hook),
+        *[(target, probe.hook) for target in LOCK_TARGETS],
     ]
     return hooks
 

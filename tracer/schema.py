@@ -122,7 +122,8 @@ class Candidate(_Row):
     result: str  # CONTINUE | NO_TOKEN | OTHER
     # Tokens the evictable count dropped by when the adder first locked this
     # candidate's matched prefix (less than prefix_len where a running request
-    # already pins part of it); None: no lock taken, or not recorded (older traces).
+    # already pins part of it); 0 for an empty match (it pins only the root);
+    # None: no lock taken, or not recorded (older traces).
     locked_evictable: int | None = None
 
 
