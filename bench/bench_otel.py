@@ -30,10 +30,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from bench.gen_trace import generate
-from tracer.format import TraceReader, TraceWriter
-from tracer.otel_mirror import make_sink
-from tracer.schema import Pass, Record
-from tracer.writer_thread import WriterThread
+from schedtrace.tracer.contract.format import TraceReader, TraceWriter
+from schedtrace.tracer.export.otel_mirror import make_sink
+from schedtrace.tracer.contract.schema import Pass, Record
+from schedtrace.tracer.recorder.writer_thread import WriterThread
 
 ON = {"SCHEDTRACE_OTEL": "1"}
 BATCH_RECORDS = 200  # about one 50 ms writer wake-up under load

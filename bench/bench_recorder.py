@@ -2,7 +2,7 @@
 
 Runs the real ``Scheduler._get_new_batch_prefill_raw`` (and the real
 ``PrefillAdder``/``PrefillBudget`` it builds) on a scheduler that
-``replay.driver.PassDriver`` sets up from one pass record: real ``Req``
+``schedtrace.replay.driver.PassDriver`` sets up from one pass record: real ``Req``
 objects, a real ``ScheduleBatch``, real policy. The scheduler itself is
 ``Scheduler.__new__`` with the attributes the pass reads (no model, no
 forward). Three arms, every hook point of the pass wrapped by HookRegistry's
@@ -23,7 +23,7 @@ Cases (32 waiting, 12 running unless said):
   is a record the writer thread builds and writes;
 * admitting: the full admission path (prefix match, ``add_one_req`` per
   candidate, a truncated chunk, queue update, prefill stats) admits 6
-  requests (the sixth as that chunk), on ``replay.state``'s stand-ins for
+  requests (the sixth as that chunk), on ``schedtrace.replay.state``'s stand-ins for
   the KV allocator, the prefix cache and the request-slot pool.
   ``ScheduleBatch.init_new`` is swapped for a light object (it would build
   tensors), so nothing is allocated, the recorder's allocator hooks never
@@ -78,7 +78,7 @@ from typing import Any, TypeVar
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
-from replay.sglang_env import ensure_sglang_importable  # noqa: E402
+from schedtrace.replay.sglang_env import ensure_sglang_importable  # noqa: E402
 
 ensure_sglang_importable()
 
@@ -97,11 +97,11 @@ from sglang.srt.plugins.hook_registry import HookType, _wrap_fn  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
-from replay.driver import PassDriver  # noqa: E402
-from replay.state import RecordedAllocator  # noqa: E402
-from tracer.format import TraceReader  # noqa: E402
-from tracer.lock_probe import LOCK_TARGETS  # noqa: E402
-from tracer.recorder import (  # noqa: E402
+from schedtrace.replay.driver import PassDriver  # noqa: E402
+from schedtrace.replay.state import RecordedAllocator  # noqa: E402
+from schedtrace.tracer.contract.format import TraceReader  # noqa: E402
+from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS  # noqa: E402
+from schedtrace.tracer.recorder.recorder import (  # noqa: E402
     ADDER,
     ALLOC_MODULE,
     ALLOCATOR_METHODS,
@@ -111,7 +111,7 @@ from tracer.recorder import (  # noqa: E402
     Recorder,
     make_hooks,
 )
-from tracer.schema import (  # noqa: E402
+from schedtrace.tracer.contract.schema import (  # noqa: E402
     Alloc,
     Header,
     KvSnapshot,
@@ -120,7 +120,7 @@ from tracer.schema import (  # noqa: E402
     ServerArgs,
     WaitingReq,
 )
-from tracer.writer_thread import WriterThread  # noqa: E402
+from schedtrace.tracer.recorder.writer_thread import WriterThread  # noqa: E402
 
 WAITING, RUNNING = 32, 12
 ADMITTING_CALLS = 300  # timed calls per arm in each admitting case

@@ -29,7 +29,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 def _bare_seconds(driver, passes) -> float:
     """sglang's pass on pre-built state, nothing else in the timed region."""
-    from replay.driver import _AdmissionDone, _stop_init_new
+    from schedtrace.replay.driver import _AdmissionDone, _stop_init_new
 
     sched = driver.scheduler
     ScheduleBatch = driver._ScheduleBatch
@@ -59,9 +59,9 @@ def _bare_seconds(driver, passes) -> float:
 def main(argv: list[str]) -> int:
     passes_wanted = int(argv[argv.index("--passes") + 1]) if "--passes" in argv else 6000
     from bench.gen_trace import generate
-    from replay.driver import PassDriver, _Ratio
-    from replay.engine import replay_trace
-    from tracer.format import TraceReader
+    from schedtrace.replay.driver import PassDriver, _Ratio
+    from schedtrace.replay.engine import replay_trace
+    from schedtrace.tracer.contract.format import TraceReader
 
     work = tempfile.mkdtemp(prefix="schedtrace-bench-replay-")
     path = os.path.join(work, "bench.trace")

@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracer.load import LoadResult, LoadSpec, run_load
-from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer
+from schedtrace.tracer.sandbox.load import LoadResult, LoadSpec, run_load
+from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
 # Smaller than the demo's load so a run takes about a minute on 2 cores.
 BENCH_LOAD = LoadSpec(num_prompts=96, max_concurrency=24, input_len=3000, output_len=100)

@@ -108,9 +108,9 @@ async def _measure(trace: str, report_path: str) -> dict[str, float]:
     import resource
 
     started = time.perf_counter()
-    from replay.report import load_report
-    from tracer.format import TraceReader
-    from tui.app import TraceApp
+    from schedtrace.tracer.contract.report import load_report
+    from schedtrace.tracer.contract.format import TraceReader
+    from schedtrace.tui.app import TraceApp
 
     app = TraceApp(TraceReader(trace), report=load_report(report_path))
     clock = FrameClock(app)

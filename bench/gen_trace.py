@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from replay.report import (
+from schedtrace.tracer.contract.report import (
     DIVERGENCE_KINDS,
     ArmError,
     Decision,
@@ -35,8 +35,8 @@ from replay.report import (
     Stall,
     dump_report,
 )
-from tracer.format import TraceWriter
-from tracer.schema import (
+from schedtrace.tracer.contract.format import TraceWriter
+from schedtrace.tracer.contract.schema import (
     SCHEMA_VERSION,
     Admitted,
     Alloc,

@@ -4,9 +4,9 @@ Each run starts a fresh sandbox server under the demo's KV-pressure
 arguments, with tracing on and, for the fixed arm, the four fixes installed
 live through ``SCHEDTRACE_FIXES=all``; drives it with sglang's bench_serving
 client; stops it; and reads back what the scheduler did from its traces:
-completed requests, stalls (``replay.stalls`` on the recorded decisions),
+completed requests, stalls (``schedtrace.tracer.analysis.stalls`` on the recorded decisions),
 over-asks (failed ``alloc`` records) and exceptions such as the one-chunk
-assert (``tracer.info``). Runs alternate stock, fixed, stock, fixed, ... so
+assert (``schedtrace.cli.info``). Runs alternate stock, fixed, stock, fixed, ... so
 drift on a shared machine hits both arms alike; the bench prints every run
 and the fixed/stock ratios.
 
@@ -23,18 +23,18 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replay.capture import recorded_decision
-from replay.report import Stall
-from replay.stalls import DEFAULT_MIN_PASSES, StallScanner
-from tracer.format import TraceReader
-from tracer.info import summarize
-from tracer.load import LoadResult, LoadSpec, run_load
-from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer
-from tracer.schema import Finish, Pass
+from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.contract.report import Stall
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, StallScanner
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.cli.info import summarize
+from schedtrace.tracer.sandbox.load import LoadResult, LoadSpec, run_load
+from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
+from schedtrace.tracer.contract.schema import Finish, Pass
 
 ARMS: dict[str, str | None] = {"stock": None, "fixed": "all"}  # arm -> SCHEDTRACE_FIXES
 FIXES_LOG_MARK = "SCHEDTRACE_FIXES=all"  # what install_fixes_from_env logs in each server process
-# The demo's overload shape (tracer.load.LoadSpec defaults), sized for the bench.
+# The demo's overload shape (schedtrace.tracer.sandbox.load.LoadSpec defaults), sized for the bench.
 BENCH_LOAD = LoadSpec(num_prompts=96, max_concurrency=48, input_len=3000, output_len=300)
 
 

@@ -4,10 +4,10 @@ removes it.
 
 Stalls come from two places:
 
-* ``open-loop``: stock replayed on the recorded passes (``replay.engine``);
+* ``open-loop``: stock replayed on the recorded passes (``schedtrace.replay.engine``);
   the onset is a recorded pass number;
 * ``closed-loop``: stock living with its own decisions from ``from_pass``
-  (``replay.closed_loop``); the onset is a closed-loop pass number.
+  (``schedtrace.replay.closed_loop``); the onset is a closed-loop pass number.
 
 For each stall:
 
@@ -35,12 +35,12 @@ from typing import Final
 
 import msgspec
 
-from replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
-from replay.differ import divergence_kinds
-from replay.report import Decision, Stall
-from replay.stalls import DEFAULT_MIN_PASSES
-from tracer.errors import UsageError
-from tracer.format import TraceReader
+from schedtrace.replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
+from schedtrace.replay.differ import divergence_kinds
+from schedtrace.tracer.contract.report import Decision, Stall
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES
+from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.contract.format import TraceReader
 
 BISECT_VERSION: Final = 1
 OPEN_LOOP: Final = "open-loop"
@@ -173,7 +173,7 @@ def _windows(stalls: list[Stall]) -> list[tuple[int | None, Stall]]:
 
 
 def _open_loop_findings(path: str | os.PathLike[str], loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
-    from replay.engine import replay_trace
+    from schedtrace.replay.engine import replay_trace
 
     report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes)
     divergences = sorted(report.divergences, key=lambda d: d.pass_)
@@ -233,10 +233,10 @@ def run_bisect(
     modes: tuple[str, ...] = (OPEN_LOOP, CLOSED_LOOP),
 ) -> BisectReport:
     """Bisect every stock stall of the trace at ``path``."""
-    from replay.driver import PassDriver
-    from replay.engine import check_variants
-    from replay.fixes import FIX_NAMES
-    from replay.patching import sglang_version
+    from schedtrace.replay.driver import PassDriver
+    from schedtrace.replay.engine import check_variants
+    from schedtrace.replay.fixes import FIX_NAMES
+    from schedtrace.replay.patching import sglang_version
 
     if stall_passes < 1:
         raise UsageError("--stall-passes must be at least 1")

@@ -2,8 +2,8 @@
 
 Open-loop replay asks every arm about the *recorded* states. Here each arm
 starts from the recorded state at pass ``from_pass`` and lives with its own
-decisions: ``replay.loop_state`` moves the state one scheduling step at a
-time, ``replay.driver.PassDriver`` decides each step with the real sglang
+decisions: ``schedtrace.replay.loop_state`` moves the state one scheduling step at a
+time, ``schedtrace.replay.driver.PassDriver`` decides each step with the real sglang
 code. Requests arrive at their recorded times (``arrive`` events, mapped to
 steps with the recorded pass clock, idle and folded passes included) and
 finish at their recorded output lengths (``finish`` events).
@@ -22,13 +22,13 @@ from typing import Final
 
 import msgspec
 
-from replay.capture import replay_inputs
-from replay.loop_state import LoopReq, LoopState, apply_decision, to_pass, with_outputs
-from replay.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
-from replay.stalls import DEFAULT_MIN_PASSES, find_stalls
-from tracer.errors import ReplayStateError, UsageError
-from tracer.format import TraceReader
-from tracer.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
+from schedtrace.tracer.analysis.decision import replay_inputs
+from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, to_pass, with_outputs
+from schedtrace.tracer.contract.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, find_stalls
+from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
 
 DEFAULT_PASS_NS: Final = 1_000_000  # pass period when the trace has too few passes to tell
 MAX_ERRORS_LISTED: Final = 20  # per arm; ``exceptions`` still counts them all
@@ -424,8 +424,8 @@ def run_arms(
     loop: LoopInput | None = None,
 ) -> dict[str, ArmRun]:
     """``run_arm`` for every arm, sharing one trace scan and one driver."""
-    from replay.driver import PassDriver
-    from replay.engine import check_variants
+    from schedtrace.replay.driver import PassDriver
+    from schedtrace.replay.engine import check_variants
 
     if not arms:
         raise UsageError("closed loop needs at least one arm")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replay.report import DIVERGENCE_KINDS, Decision
+from schedtrace.tracer.contract.report import DIVERGENCE_KINDS, Decision
 
 # Decision fields a recorded pass holds, in report order.
 FIDELITY_FIELDS = ("admitted", "chunk_budget", "chunk_size", "new_chunked_rid", "batch_is_full", "error")

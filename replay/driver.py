@@ -3,7 +3,7 @@
 Stable API (closed-loop replay and bisect build on it)::
 
     driver = PassDriver(header)                  # once per trace
-    decision = driver.decide(pass_, "stock")     # -> replay.report.Decision
+    decision = driver.decide(pass_, "stock")     # -> schedtrace.tracer.contract.report.Decision
     method = driver.decide_aiter(aiter, "fixed") # -> AttnForwardMethod name
 
 ``decide`` reads only the *input* fields of the pass (``waiting``,
@@ -12,7 +12,7 @@ Stable API (closed-loop replay and bisect build on it)::
 ``locked_evictable``: what locking its prefix took from the evictable count,
 an input of the cache like the match itself) and returns what the real
 ``Scheduler._get_new_batch_prefill_raw`` decides under ``variant`` (a name
-``replay.variants.applied`` accepts: ``stock``, ``fixed``, one fix or a
+``schedtrace.replay.variants.applied`` accepts: ``stock``, ``fixed``, one fix or a
 comma list). It is deterministic: no wall clock, no randomness, no state
 carried from one call to the next. Exceptions the real code raises become
 ``Decision.error``; a record that cannot be turned into sglang state raises
@@ -20,7 +20,7 @@ carried from one call to the next. Exceptions the real code raises become
 
 How: the real ``Scheduler`` method runs on ``Scheduler.__new__(Scheduler)``
 with the attributes it reads set from the header and the pass (see
-``replay.state`` for the three recorded stand-ins). The pass is stopped right
+``schedtrace.replay.state`` for the three recorded stand-ins). The pass is stopped right
 after admission: ``ScheduleBatch.init_new`` is swapped, for the duration of
 the call only, for one that raises with the admitted list, so no batch is
 built and nothing is allocated. What ``alloc_extend`` would have been asked
@@ -50,9 +50,9 @@ from typing import Any
 
 import msgspec
 
-from replay.report import Decision
-from replay.variants import active_fixes, parse_variant, set_active
-from replay.state import (
+from schedtrace.tracer.contract.report import Decision
+from schedtrace.replay.variants import active_fixes, parse_variant, set_active
+from schedtrace.replay.state import (
     RecordedAllocator,
     RecordedReqSlots,
     RecordedTreeCache,
@@ -61,8 +61,8 @@ from replay.state import (
     running_req,
     waiting_req,
 )
-from tracer.errors import ReplayStateError
-from tracer.schema import Aiter, Header, Pass
+from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.contract.schema import Aiter, Header, Pass
 
 _LOCK = threading.RLock()
 
@@ -84,7 +84,7 @@ def error_text(exc: BaseException) -> str:
 
 
 def _fixes_of(variant: str) -> frozenset[str]:
-    """The fix set of ``variant`` (``replay.variants.parse_variant``, cached)."""
+    """The fix set of ``variant`` (``schedtrace.replay.variants.parse_variant``, cached)."""
     return frozenset() if variant == "stock" else parse_variant(variant)
 
 
@@ -98,13 +98,9 @@ def _switch_fixes(fixes: frozenset[str]) -> frozenset[str]:
 
 
 def _variant_context(variant: str):
-    """``replay.variants.applied(variant)``; ``stock`` needs no patch module."""
-    try:
-        from replay.variants import applied
-    except ImportError:
-        if variant != "stock":
-            raise ReplayStateError(f"variant {variant!r} needs replay.variants, which is not installed") from None
-        return contextlib.nullcontext()
+    """``schedtrace.replay.variants.applied(variant)``, imported on first use."""
+    from schedtrace.replay.variants import applied
+
     return applied(variant)
 
 

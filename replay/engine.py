@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from replay.capture import recorded_decision, replay_inputs
-from replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields
-from replay.driver import PassDriver
-from replay.patching import sglang_version
-from replay.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
-from replay.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
-from tracer.errors import ReplayStateError, UsageError
-from tracer.format import TraceReader
-from tracer.schema import Aiter, Pass
+from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
+from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields
+from schedtrace.replay.driver import PassDriver
+from schedtrace.replay.patching import sglang_version
+from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
+from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Aiter, Pass
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class _Chunk(msgspec.Struct):
 def check_variants(*variants: str) -> None:
     """Parse each variant and prepare its fixes now: a bad name or a fix that
     cannot apply to the installed sglang fails before any pass is replayed."""
-    from replay.variants import parse_variant, prepared
+    from schedtrace.replay.variants import parse_variant, prepared
 
     for variant in variants:
         for fix in sorted(parse_variant(variant)):
@@ -84,7 +84,7 @@ def check_variants(*variants: str) -> None:
 
 
 def _fix_names() -> tuple[str, ...]:
-    from replay.fixes import FIX_NAMES
+    from schedtrace.replay.fixes import FIX_NAMES
 
     return FIX_NAMES
 

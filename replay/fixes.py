@@ -1,15 +1,15 @@
 """The four scheduler fixes, each one or more exact source edits of real sglang functions.
 
 A ``Fix`` is the whole fix: per function, the snippet as it stands in sglang
-0.5.23 and what replaces it. ``replay.patching`` checks the snippets against
-the installed code and compiles the edits; ``replay.variants`` turns the fixes
+0.5.23 and what replaces it. ``schedtrace.replay.patching`` checks the snippets against
+the installed code and compiles the edits; ``schedtrace.replay.variants`` turns the fixes
 on and off, all edits of a fix together. The rationale is in docs/fixes.md
 and /work/shared/reference/sglang-scheduler-fixes-pr.txt.
 """
 
 from __future__ import annotations
 
-from replay.patching import Fix, SourceEdit, check_one_edit_per_function
+from schedtrace.replay.patching import Fix, SourceEdit, check_one_edit_per_function
 
 CHUNK_CAP = Fix(
     "chunk-cap",

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import msgspec
 
-from replay.report import Decision
-from tracer.schema import (
+from schedtrace.tracer.contract.report import Decision
+from schedtrace.tracer.contract.schema import (
     Admitted,
     ChunkedReq,
     ChunkOutcome,

@@ -9,7 +9,7 @@ edited function together. Assigning ``__code__`` (rather than rebinding a
 name) is what makes every existing reference see the edit: bound methods,
 ``from x import f`` copies and hook wrappers alike.
 
-The code here knows nothing about which fixes exist; ``replay.fixes`` does.
+The code here knows nothing about which fixes exist; ``schedtrace.replay.fixes`` does.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
-from tracer.errors import FixMismatchError
-from tracer.snapshot import installed_version
+from schedtrace.tracer.contract.errors import FixMismatchError
+from schedtrace.tracer.contract.versions import installed_version
 
 # Compiler flags a module's ``from __future__`` imports put on its code objects.
 _FUTURE_FLAGS = 0

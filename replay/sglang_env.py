@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from tracer.kernel_stub import install
+from schedtrace.tracer.kernel_stub import install
 
 
 def ensure_sglang_importable() -> None:

@@ -24,7 +24,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay.sglang_env import ensure_sglang_importable
+from schedtrace.replay.sglang_env import ensure_sglang_importable
 
 ensure_sglang_importable()
 
@@ -39,8 +39,8 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
 )
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-from tracer.errors import ReplayStateError
-from tracer.schema import ChunkedReq, RunningReq, WaitingReq
+from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.contract.schema import ChunkedReq, RunningReq, WaitingReq
 
 # Row index given to the in-flight chunked request: it already holds a
 # req_to_token row; the number itself is never read.

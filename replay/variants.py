@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
-from replay.fixes import FIX_NAMES, FIXES
-from replay.patching import EditStatus, PreparedFix, prepare, sglang_version
-from tracer.errors import UsageError
+from schedtrace.replay.fixes import FIX_NAMES, FIXES
+from schedtrace.replay.patching import EditStatus, PreparedFix, prepare, sglang_version
+from schedtrace.tracer.contract.errors import UsageError
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer
+from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
 VOCAB_SIZE = 512  # tracer/assets/tiny-llama: every id below this is a real token
 GENERATE_TIMEOUT_S = 600.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from tracer.format import write_trace
-from tracer.schema import Arrival, ChunkedReq, Finish, KvSnapshot, RunningReq, WaitingReq
+from schedtrace.tracer.contract.format import write_trace
+from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, KvSnapshot, RunningReq, WaitingReq
 
 from repro_traces import header, make_pass
 

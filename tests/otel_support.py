@@ -16,8 +16,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tracer.format import write_trace
-from tracer.schema import (
+from schedtrace.tracer.contract.format import write_trace
+from schedtrace.tracer.contract.schema import (
     SCHEMA_VERSION,
     Admitted,
     Aiter,
@@ -103,7 +103,7 @@ def write_small_trace(path: Path) -> Path:
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``schedtrace ARGS`` in a fresh process (exit codes and stderr exactly as a user sees them)."""
     return subprocess.run(
-        [sys.executable, "-c", "from tracer.cli import main; main()", *args],
+        [sys.executable, "-c", "from schedtrace.cli import main; main()", *args],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracer.format import write_trace
-from tracer.schema import (
+from schedtrace.tracer.contract.format import write_trace
+from schedtrace.tracer.contract.schema import (
     Admitted,
     Aiter,
     Candidate,
@@ -36,7 +36,7 @@ def header(
     disable_radix_cache: bool = False,
     mamba_chunk_grid: int = 1,
 ) -> Header:
-    from replay.patching import sglang_version as installed
+    from schedtrace.replay.patching import sglang_version as installed
 
     return Header(
         schema_version=1,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from replay.bisect import dump_bisect, fix_subsets, run_bisect
-from tracer.cli import main
+from schedtrace.replay.bisect import dump_bisect, fix_subsets, run_bisect
+from schedtrace.cli import main
 
 from loop_traces import (
     FIRST_RUNNING_FINISH,

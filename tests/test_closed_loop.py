@@ -7,12 +7,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from replay import closed_loop
-from replay.closed_loop import PassClock, load_input, run_arms, run_closed_loop
-from replay.report import ClosedLoop
-from tracer.errors import UsageError
-from tracer.format import TraceReader, write_trace
-from tracer.schema import Arrival, Finish, Idle, KvSnapshot
+from schedtrace.replay import closed_loop
+from schedtrace.replay.closed_loop import PassClock, load_input, run_arms, run_closed_loop
+from schedtrace.tracer.contract.report import ClosedLoop
+from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.contract.format import TraceReader, write_trace
+from schedtrace.tracer.contract.schema import Arrival, Finish, Idle, KvSnapshot
 
 from loop_traces import (
     FIRST_RUNNING_FINISH,

@@ -9,11 +9,11 @@ import pytest
 
 from bench.gen_trace import generate
 from otel_support import header, records, run_cli, write_small_trace
-from replay.report import load_report
-from replay.stalls import recorded_stalls
-from tracer.export.chrome import COUNTERS, DEFAULT_STALL_PASSES, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
-from tracer.format import TraceReader, TraceWriter
-from tracer.schema import Alloc, Arrival, Finish, Pass
+from schedtrace.tracer.contract.report import load_report
+from schedtrace.tracer.analysis.stalls import recorded_stalls
+from schedtrace.tracer.export.chrome import COUNTERS, DEFAULT_STALL_PASSES, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
+from schedtrace.tracer.contract.format import TraceReader, TraceWriter
+from schedtrace.tracer.contract.schema import Alloc, Arrival, Finish, Pass
 
 PASSES = 10_500  # two planted stall windows, failed allocations, one raising pass
 

@@ -8,11 +8,11 @@ import pytest
 
 from bench.gen_trace import generate
 from otel_support import START_WALL_NS, OtlpReceiver, attrs_of, closed_port, run_cli, write_small_trace
-from replay.report import load_report
-from tracer import otel_attrs as A
-from tracer.errors import UsageError
-from tracer.export.otlp import resolve_endpoint
-from tracer.format import TraceReader
+from schedtrace.tracer.contract.report import load_report
+from schedtrace.tracer.export import otel_attrs as A
+from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.export.otlp import resolve_endpoint
+from schedtrace.tracer.contract.format import TraceReader
 
 # "Does not hang": a generous wall-clock bound, not a performance figure.
 HANG_BOUND_S = 60

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replay import variants
-from replay.fixes import FIX_NAMES, FIXES
-from replay.patching import EditStatus, Fix, SourceEdit, check_one_edit_per_function, prepare
-from tracer.errors import FixMismatchError, UsageError
+from schedtrace.replay import variants
+from schedtrace.replay.fixes import FIX_NAMES, FIXES
+from schedtrace.replay.patching import EditStatus, Fix, SourceEdit, check_one_edit_per_function, prepare
+from schedtrace.tracer.contract.errors import FixMismatchError, UsageError
 
 # The one heavy import: everything below is the real sglang 0.5.23 code.
 from sglang.srt.managers import schedule_policy, scheduler as scheduler_module

@@ -8,9 +8,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tracer.errors import TraceFormatError, TraceNotFoundError
-from tracer.format import TraceReader, TraceWriter, encode, write_trace
-from tracer.schema import Arrival, Header, KvSnapshot, Pass, ServerArgs
+from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError
+from schedtrace.tracer.contract.format import TraceReader, TraceWriter, encode, write_trace
+from schedtrace.tracer.contract.schema import Arrival, Header, KvSnapshot, Pass, ServerArgs
 
 
 def header() -> Header:

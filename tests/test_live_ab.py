@@ -17,7 +17,7 @@ import json
 import pytest
 
 from bench.live_ab import ARMS, run_arm
-from tracer.load import LoadSpec
+from schedtrace.tracer.sandbox.load import LoadSpec
 
 # Enough to queue, chunk and fill the 40k-token KV pool (about 48k prompt
 # tokens in flight), small enough for a few minutes on 2 cores.

@@ -1,4 +1,4 @@
-"""Pure tests of the closed-loop state machine (replay.loop_state, PassClock).
+"""Pure tests of the closed-loop state machine (schedtrace.replay.loop_state, PassClock).
 
 No driver here: each test hands ``apply_decision`` the decision a pass would
 have made and checks the bookkeeping (KV, slots, latch, chunks, finishes).
@@ -7,9 +7,9 @@ The closed loop against the real sglang code is in tests/test_closed_loop.py.
 
 from __future__ import annotations
 
-from replay.closed_loop import PassClock
-from replay.loop_state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
-from replay.report import Decision
+from schedtrace.replay.closed_loop import PassClock
+from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
+from schedtrace.tracer.contract.report import Decision
 
 
 def running(rid: str, input_len: int = 100, output_len: int = 5, target: int = 10) -> LoopReq:

@@ -14,12 +14,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from otel_support import REPO, START_WALL_NS, OtlpReceiver, attrs_of, header, records, write_small_trace
-from tracer import otel_attrs as A
-from tracer.format import TraceReader
-from tracer.otel_mirror import make_sink, pass_result
-from tracer.otel_sdk import requested_exporters
-from tracer.schema import Pass
-from tracer.writer_thread import WriterThread
+from schedtrace.tracer.export import otel_attrs as A
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.export.otel_mirror import make_sink, pass_result
+from schedtrace.tracer.export.otel_sdk import requested_exporters
+from schedtrace.tracer.contract.schema import Pass
+from schedtrace.tracer.recorder.writer_thread import WriterThread
 
 ON = {"SCHEDTRACE_OTEL": "1"}
 
@@ -159,8 +159,8 @@ _APP = textwrap.dedent(
     """
     import sys
     from opentelemetry import trace
-    from tracer.format import TraceReader
-    from tracer.otel_mirror import make_sink
+    from schedtrace.tracer.contract.format import TraceReader
+    from schedtrace.tracer.export.otel_mirror import make_sink
     if sys.argv[2] == "operator":  # the operator configured tracing first: it must be kept
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor

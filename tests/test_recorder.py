@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import generate, random_input_ids
 
-from tracer.format import TraceReader
-from tracer.recorder import Recorder, make_hooks
-from tracer.schema import Alloc, Arrival, Finish, HookError, Idle, KvSnapshot, Loss, Pass, WaitingReq
-from tracer.writer_thread import WriterThread
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.recorder.recorder import Recorder, make_hooks
+from schedtrace.tracer.contract.schema import Alloc, Arrival, Finish, HookError, Idle, KvSnapshot, Loss, Pass, WaitingReq
+from schedtrace.tracer.recorder.writer_thread import WriterThread
 from test_format import header
 
 # --- live server --------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_live_shared_prompt_records_matches_and_lock_drops(sandbox) -> None:
     ones: each candidate's match, what pinning it took from the evictable
     count (all of it only while no other request held it), and a replay of
     the trace that reproduces every pass."""
-    from replay.api import run_replay
+    from schedtrace.replay.engine import replay_trace
 
     system = random_input_ids(SYSTEM_PROMPT, "rec-shared-system")
     generate(sandbox, "rec-shared-warm", SYSTEM_PROMPT + 8, 1, prefix_ids=system)  # leaves it cached, unpinned
@@ -108,7 +108,7 @@ def test_live_shared_prompt_records_matches_and_lock_drops(sandbox) -> None:
     # The first pin takes the whole (evictable) prompt; while a request holds it, a pin takes nothing.
     assert set(drops) <= {0, SYSTEM_PROMPT} and SYSTEM_PROMPT in drops and 0 in drops, drops
     for trace in sorted(Path(sandbox.trace_dir).glob("*.trace")):
-        fid = run_replay(trace, "stock", "stock").fidelity
+        fid = replay_trace(trace, "stock", "stock").fidelity
         assert fid.matched == fid.total, [(m.pass_, m.fields) for m in fid.mismatches[:5]]
 
 
@@ -118,8 +118,8 @@ WRITER_SCRIPT = textwrap.dedent(
     """
     import sys, time
     from tests.test_format import header
-    from tracer.schema import Arrival
-    from tracer.writer_thread import WriterThread
+    from schedtrace.tracer.contract.schema import Arrival
+    from schedtrace.tracer.recorder.writer_thread import WriterThread
     w = WriterThread(sys.argv[1], "killed", lambda part, first: header(),
                      clock_ns=time.monotonic_ns, flush_interval_s=0.002, queue_size=1 << 20)
     i = 0
@@ -299,7 +299,7 @@ def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> No
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-    from tracer.lock_probe import LockProbe
+    from schedtrace.tracer.recorder.lock_probe import LockProbe
 
     cache = RadixCache.create_simulated()
     running_ids = list(range(100))
@@ -345,10 +345,10 @@ def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measur
     from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
     from test_replay import SHARED_PREFIX, pinned_prefix_trace
 
-    from replay.driver import PassDriver
+    from schedtrace.replay.driver import PassDriver
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
-    from tracer.lock_probe import LOCK_TARGETS
-    from tracer.recorder import ADDER, SCHED
+    from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
+    from schedtrace.tracer.recorder.recorder import ADDER, SCHED
 
     with TraceReader(pinned_prefix_trace(tmp_path / "t.trace", recorded)) as reader:
         driver = PassDriver(reader.header)

@@ -9,13 +9,13 @@ import msgpack
 import pytest
 
 import repro_traces as repro
-from replay.api import run_replay
-from replay.driver import PassDriver
-from replay.report import Decision, dump_report, load_report
-from replay.stalls import find_stalls
-from tracer.errors import TraceFormatError
-from tracer.format import TraceReader, TraceWriter, write_trace
-from tracer.schema import KvSnapshot, WaitingReq
+from schedtrace.replay.engine import replay_trace
+from schedtrace.replay.driver import PassDriver
+from schedtrace.tracer.contract.report import Decision, dump_report, load_report
+from schedtrace.tracer.analysis.stalls import find_stalls
+from schedtrace.tracer.contract.errors import TraceFormatError
+from schedtrace.tracer.contract.format import TraceReader, TraceWriter, write_trace
+from schedtrace.tracer.contract.schema import KvSnapshot, WaitingReq
 
 # (builder, fix, the divergence kind that fix must show)
 REPROS = [
@@ -29,7 +29,7 @@ REPROS = [
 @pytest.mark.parametrize("new", ["fixed", "alone"])
 def test_repro_trace_shows_the_fix(tmp_path: Path, build, fix: str, kind: str, new: str) -> None:
     arm = fix if new == "alone" else "fixed"
-    report = run_replay(build(tmp_path / "t.trace"), "stock", arm)
+    report = replay_trace(build(tmp_path / "t.trace"), "stock", arm)
     assert report.fidelity.matched == report.fidelity.total > 0, report.fidelity.mismatches
     assert report.divergences, "stock and the fix decided the same"
     for divergence in report.divergences:
@@ -38,7 +38,7 @@ def test_repro_trace_shows_the_fix(tmp_path: Path, build, fix: str, kind: str, n
 
 
 def test_chunk_cap_stock_over_asks_and_fix_defers(tmp_path: Path) -> None:
-    report = run_replay(repro.chunk_cap_trace(tmp_path / "t.trace"), "stock", "chunk-cap")
+    report = replay_trace(repro.chunk_cap_trace(tmp_path / "t.trace"), "stock", "chunk-cap")
     (d,) = report.divergences
     assert d.kinds == ["admitted", "chunk", "over_ask"]
     assert d.old.chunk_size == repro.CHUNK and d.old.over_ask == repro.CHUNK
@@ -46,7 +46,7 @@ def test_chunk_cap_stock_over_asks_and_fix_defers(tmp_path: Path) -> None:
 
 
 def test_latch_stalls_stock_only(tmp_path: Path) -> None:
-    report = run_replay(repro.latch_trace(tmp_path / "t.trace", passes=10), "stock", "latch", stall_passes=5)
+    report = replay_trace(repro.latch_trace(tmp_path / "t.trace", passes=10), "stock", "latch", stall_passes=5)
     assert [(s.start_pass, s.end_pass, s.passes, s.head_rid) for s in report.stalls["stock"]] == [(0, 9, 10, "queued")]
     assert report.stalls["latch"] == []
     assert all(d.new.admitted == [("queued", 2000)] for d in report.divergences)
@@ -57,7 +57,7 @@ def test_recorded_grid_reaches_the_real_prefill_adder(tmp_path: Path) -> None:
     and the scheduler's truncation alignment (derived from it by the real
     ``init_mamba_truncation_align``) empties the 40-token leftover on the radix path."""
     path = repro.one_chunk_radix_trace(tmp_path / "t.trace")
-    report = run_replay(path, "stock", "fixed")
+    report = replay_trace(path, "stock", "fixed")
     assert report.fidelity.matched == report.fidelity.total == 1, report.fidelity.mismatches
     with TraceReader(path) as reader:
         driver = PassDriver(reader.header)
@@ -70,7 +70,7 @@ def test_recorded_grid_reaches_the_real_prefill_adder(tmp_path: Path) -> None:
 
 def test_one_chunk_repro_stock_raises_the_scheduler_assert(tmp_path: Path) -> None:
     path = repro.one_chunk_trace(tmp_path / "t.trace")
-    report = run_replay(path, "stock", "fixed")
+    report = replay_trace(path, "stock", "fixed")
     assert report.fidelity.matched == report.fidelity.total == 1, report.fidelity.mismatches
     (error,) = report.errors["stock"]
     assert error.error.startswith("AssertionError")
@@ -82,14 +82,14 @@ def test_one_chunk_repro_stock_raises_the_scheduler_assert(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("arm", ["one-chunk", "fixed"])
 def test_one_chunk_fix_prevents_the_second_chunk(tmp_path: Path, arm: str) -> None:
-    report = run_replay(repro.one_chunk_trace(tmp_path / "t.trace"), "stock", arm)
+    report = replay_trace(repro.one_chunk_trace(tmp_path / "t.trace"), "stock", arm)
     assert report.errors[arm] == []
     (d,) = report.divergences
     assert "error" in d.kinds and "one-chunk" in d.fixes
 
 
 def test_one_chunk_repro_trips_the_cli_error_gate(tmp_path: Path) -> None:
-    from tracer.cli import main
+    from schedtrace.cli import main
 
     path = repro.one_chunk_trace(tmp_path / "t.trace")
     with pytest.raises(SystemExit) as info:
@@ -100,8 +100,8 @@ def test_one_chunk_repro_trips_the_cli_error_gate(tmp_path: Path) -> None:
 
 def test_report_is_deterministic(tmp_path: Path) -> None:
     path = repro.latch_trace(tmp_path / "t.trace")
-    first = dump_report(run_replay(path, "stock", "fixed"))
-    second = dump_report(run_replay(path, "stock", "fixed"))
+    first = dump_report(replay_trace(path, "stock", "fixed"))
+    second = dump_report(replay_trace(path, "stock", "fixed"))
     assert first == second
     (tmp_path / "r.json").write_bytes(first)
     assert dump_report(load_report(tmp_path / "r.json")) == first
@@ -126,7 +126,7 @@ def test_truncated_trace_replays_its_prefix(tmp_path: Path) -> None:
     data = path.read_bytes()[:cut]
     torn = tmp_path / "torn.trace"
     torn.write_bytes(data)
-    report = run_replay(torn, "stock", "fixed")
+    report = replay_trace(torn, "stock", "fixed")
     assert report.passes == 7
     assert report.truncated_at == cut - 5
     assert any("torn" in w for w in report.warnings)
@@ -141,10 +141,10 @@ def test_corrupt_record_names_its_offset(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.trace"
     bad.write_bytes(bytes(data))
     with pytest.raises(TraceFormatError) as info:
-        run_replay(bad, "stock", "fixed")
+        replay_trace(bad, "stock", "fixed")
     assert info.value.offset == offset
 
-    from tracer.cli import main
+    from schedtrace.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["replay", str(bad)])
@@ -164,11 +164,11 @@ def test_unknown_records_are_skipped_and_counted(tmp_path: Path) -> None:
     with open(path, "ab") as f:
         f.write(msgpack.packb(["from-the-future", 1, 2]))
     writer = None
-    from tracer.format import encode
+    from schedtrace.tracer.contract.format import encode
 
     with open(path, "ab") as f:
         f.write(encode(passes[1]))
-    report = run_replay(path, "stock", "fixed")
+    report = replay_trace(path, "stock", "fixed")
     assert report.unknown_records == {"from-the-future": 1}
     assert report.passes == 2
 
@@ -177,14 +177,14 @@ def test_other_sglang_version_warns(tmp_path: Path) -> None:
     with TraceReader(repro.latch_trace(tmp_path / "src.trace", passes=2)) as reader:
         passes = list(reader.passes())
     path = write_trace(tmp_path / "old.trace", repro.header(sglang_version="0.4.0"), passes)
-    report = run_replay(path, "stock", "fixed")
+    report = replay_trace(path, "stock", "fixed")
     assert report.trace_sglang_version == "0.4.0"
     assert any("0.4.0" in w for w in report.warnings)
     assert report.fidelity.matched == report.fidelity.total == 2
 
 
 def test_cli_gate_exit_codes(tmp_path: Path, capsys) -> None:
-    from tracer.cli import main
+    from schedtrace.cli import main
 
     path = repro.latch_trace(tmp_path / "t.trace", passes=3)
     out = tmp_path / "r.json"
@@ -225,7 +225,7 @@ def test_stock_replays_a_real_sandbox_trace_exactly(sandbox) -> None:
     assert traces, f"no trace in {sandbox.trace_dir}"
     total = 0
     for trace in traces:
-        report = run_replay(trace, "stock", "fixed")
+        report = replay_trace(trace, "stock", "fixed")
         fid = report.fidelity
         assert fid.matched == fid.total, [(m.pass_, m.fields, m.recorded, m.replayed) for m in fid.mismatches[:5]]
         total += fid.total
@@ -243,7 +243,7 @@ def pinned_prefix_trace(path: Path, locked_evictable: int | None = UNPINNED) -> 
     already locks but for 500. Pinning the match takes only those 500 from the
     700 evictable, so its 1 + 300 tokens fit in 400 free + 200 evictable; taking
     the whole match (what a trace without ``locked_evictable`` implies) leaves 0."""
-    from tracer.schema import Admitted, Candidate, RunningReq
+    from schedtrace.tracer.contract.schema import Admitted, Candidate, RunningReq
 
     waiting = [
         WaitingReq("fresh", 2000, 0, 300, 0, None, True),
@@ -266,14 +266,14 @@ def pinned_prefix_trace(path: Path, locked_evictable: int | None = UNPINNED) -> 
 
 
 def test_recorded_lock_drop_replays_a_partly_pinned_prefix(tmp_path: Path) -> None:
-    report = run_replay(pinned_prefix_trace(tmp_path / "t.trace"), "stock", "fixed")
+    report = replay_trace(pinned_prefix_trace(tmp_path / "t.trace"), "stock", "fixed")
     assert report.fidelity.matched == report.fidelity.total == 1, report.fidelity.mismatches
 
 
 def test_without_the_lock_drop_the_whole_prefix_counts_as_evictable(tmp_path: Path) -> None:
     """An older trace (no ``locked_evictable``) falls back to pinning the whole
     match, which is exactly what mis-replays this pass."""
-    report = run_replay(pinned_prefix_trace(tmp_path / "old.trace", None), "stock", "fixed")
+    report = replay_trace(pinned_prefix_trace(tmp_path / "old.trace", None), "stock", "fixed")
     (mismatch,) = report.fidelity.mismatches
     assert "admitted" in mismatch.fields and mismatch.replayed.admitted == []
 

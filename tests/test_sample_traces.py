@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.engine import replay_trace
-from tracer.format import TraceReader
+from schedtrace.replay.engine import replay_trace
+from schedtrace.tracer.contract.format import TraceReader
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 SAMPLES = sorted(TRACES.glob("*.trace"))

@@ -8,7 +8,7 @@ import threading
 import pytest
 from conftest import generate, log_size
 
-from tracer.sandbox import SandboxServer, group_members, pid_alive, process_group_alive
+from schedtrace.tracer.sandbox.server import SandboxServer, group_members, pid_alive, process_group_alive
 
 PREFILL_LINE = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+)")
 CHUNK = 8192  # --chunked-prefill-size in KV_PRESSURE_ARGS

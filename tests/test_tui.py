@@ -15,10 +15,10 @@ import pytest
 from textual.widgets import DataTable
 
 from bench.gen_trace import generate
-from replay.report import Decision, load_report
-from tracer.format import TraceReader
-from tui.app import KEYS, TraceApp
-from tui.model import (
+from schedtrace.tracer.contract.report import Decision, load_report
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tui.app import KEYS, TraceApp
+from schedtrace.tui.model import (
     Marks,
     PassFilter,
     RidIndex,
@@ -30,9 +30,9 @@ from tui.model import (
     pass_of_bucket,
     request_life,
 )
-from tui.widgets.detail import DetailPane
-from tui.widgets.pass_list import PassList
-from tui.widgets.screens import RequestScreen
+from schedtrace.tui.widgets.detail import DetailPane
+from schedtrace.tui.widgets.pass_list import PassList
+from schedtrace.tui.widgets.screens import RequestScreen
 
 PASSES = 1200
 SIZE = (150, 44)
@@ -265,7 +265,7 @@ async def test_truncated_trace_opens_and_says_where_it_ends(tmp_path):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from tracer.cli import main; main()", "tui", *args],
+        [sys.executable, "-c", "from schedtrace.cli import main; main()", "tui", *args],
         capture_output=True, text=True, timeout=120,
     )
 

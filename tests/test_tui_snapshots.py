@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.gen_trace import generate
-from replay.report import load_report
-from tracer.format import TraceReader
-from tui.app import TraceApp
+from schedtrace.tracer.contract.report import load_report
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tui.app import TraceApp
 
 SIZE = (140, 40)
 

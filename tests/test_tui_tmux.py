@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.gen_trace import generate
-from replay.report import load_report
+from schedtrace.tracer.contract.report import load_report
 
 TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux not found: install it (apt-get install -y tmux)")

@@ -6,11 +6,11 @@ scheduler, detokenizer) and then ``HookRegistry.apply_hooks()``.
 Environment:
 
 * ``SCHEDTRACE_FIXES`` -- install the named scheduler fixes
-  (``replay.variants.install_fixes_from_env``) before anything else;
+  (``schedtrace.replay.variants.install_fixes_from_env``) before anything else;
 * ``SCHEDTRACE_DIR`` -- record: without it no recorder hook is installed;
 * ``SCHEDTRACE_MAX_BYTES`` -- rotate to a new part past this size (256 MiB);
 * ``SCHEDTRACE_QUEUE`` -- writer queue length; a full queue drops (65536);
-* ``SCHEDTRACE_OTEL=1`` -- mirror records as spans (``tracer.otel_mirror``).
+* ``SCHEDTRACE_OTEL=1`` -- mirror records as spans (``schedtrace.tracer.export.otel_mirror``).
 
 Hook targets are resolved here first, so a hook point missing from the
 installed sglang costs one warning and is left out instead of an exception
@@ -23,7 +23,7 @@ import logging
 import os
 import pkgutil
 
-from tracer.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Sink
+from schedtrace.tracer.recorder.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Sink
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def register() -> None:
 
 def _install_fixes() -> None:
     try:
-        from replay.variants import install_fixes_from_env
+        from schedtrace.replay.variants import install_fixes_from_env
     except ImportError as exc:
         logger.warning("schedtrace: %s is set but fixes cannot be loaded: %s", FIXES_ENV, exc)
         return
@@ -69,7 +69,7 @@ def otel_sinks() -> list[Sink]:
     if os.environ.get(OTEL_ENV) != "1":
         return []
     try:
-        from tracer.otel_mirror import make_sink
+        from schedtrace.tracer.export.otel_mirror import make_sink
     except ImportError as exc:
         logger.warning("schedtrace: %s=1 but the span mirror is unavailable: %s", OTEL_ENV, exc)
         return []
@@ -92,7 +92,7 @@ def install_recorder(directory: str):
         return _recorder
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from tracer.recorder import Recorder, make_hooks
+    from schedtrace.tracer.recorder.recorder import Recorder, make_hooks
 
     recorder = Recorder(
         directory,

@@ -23,10 +23,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from replay.report import Divergence, Report
-from tracer.errors import SchedtraceError
-from tracer.format import TraceReader
-from tui.model import (
+from schedtrace.tracer.contract.report import Divergence, Report
+from schedtrace.tracer.contract.errors import SchedtraceError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tui.model import (
     SERIES,
     Marks,
     PassCache,
@@ -42,10 +42,10 @@ from tui.model import (
     request_life,
     scan_trace,
 )
-from tui.widgets.detail import DetailPane, pass_detail
-from tui.widgets.pass_list import HEADER_TEXT, PassList
-from tui.widgets.screens import HelpScreen, Prompt, RequestScreen
-from tui.widgets.timeline import Timeline, TimelineData
+from schedtrace.tui.widgets.detail import DetailPane, pass_detail
+from schedtrace.tui.widgets.pass_list import HEADER_TEXT, PassList
+from schedtrace.tui.widgets.screens import HelpScreen, Prompt, RequestScreen
+from schedtrace.tui.widgets.timeline import Timeline, TimelineData
 
 SCAN_SWITCH_INTERVAL_S = 0.0005
 MAX_REQUEST_PASSES = 200_000  # the request view reads at most this many passes of one rid's span
@@ -292,12 +292,12 @@ class TraceApp(App[None]):
         assert self.run_arms is not None
         old, new = self.run_arms
         try:
-            from replay.api import run_replay
+            from schedtrace.replay.engine import replay_trace
         except ImportError as exc:
             self.post_message(WorkerFailed("replay", f"replay engine not available: {exc}"))
             return
         try:
-            report = run_replay(
+            report = replay_trace(
                 self.trace_path, old, new,
                 on_progress=lambda done, total: self.post_message(ReplayProgress(done, total)),
                 on_divergence=lambda d: self.post_message(DivergenceFound(d)),

@@ -14,31 +14,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from replay.capture import recorded_decision  # noqa: F401 - the one Pass -> Decision mapping (re-exported)
-from replay.report import Decision, Divergence, Report
-from replay.stalls import DEFAULT_MIN_PASSES, StallScanner
-from tracer.format import TraceReader
-from tracer.schema import Abort, Alloc, Arrival, Finish, Header, Loss, Pass, Retract
+from schedtrace.tracer.analysis.decision import recorded_decision  # noqa: F401 - the one Pass -> Decision mapping (re-exported)
+from schedtrace.tracer.contract.report import Decision, Divergence, Report
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, StallScanner
+from schedtrace.tracer.analysis.outcome import OUTCOMES, pass_outcome
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Abort, Alloc, Arrival, Finish, Header, Loss, Pass, Retract
 
 # --- per-pass summaries ---------------------------------------------------------
 
-RESULTS: Final = ("none", "admit", "chunk", "full", "no-token", "error")
+RESULTS: Final = OUTCOMES
 _RESULT_CODE: Final = {name: code for code, name in enumerate(RESULTS)}
-
-
-def pass_result(p: Pass) -> str:
-    """One word for what a pass did, most serious first."""
-    if p.error:
-        return "error"
-    if p.admitted:
-        return "admit"
-    if p.chunk is not None and p.chunk.size:
-        return "chunk"
-    if p.batch_is_full_out:
-        return "full"
-    if any(c.result == "NO_TOKEN" for c in p.candidates):
-        return "no-token"
-    return "none"
+pass_result = pass_outcome
 
 
 @dataclass(frozen=True)
@@ -265,7 +252,7 @@ class ScanResult:
     error_passes: array = field(default_factory=lambda: array("q"))  # raised, or a failed alloc
     failed_allocs: array = field(default_factory=lambda: array("q"))
     rids: RidIndex = field(default_factory=RidIndex)
-    stalls: list[tuple[int, int]] = field(default_factory=list)  # recorded stalls (replay.stalls rules)
+    stalls: list[tuple[int, int]] = field(default_factory=list)  # recorded stalls (schedtrace.tracer.analysis.stalls rules)
     losses: int = 0
     end_ns: int = 0
     truncated_at: int | None = None
@@ -284,7 +271,7 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     file); give the scan its own reader. A format error ends the scan early
     with what was read so far and the error in ``failure``.
     """
-    from tracer.errors import TraceFormatError
+    from schedtrace.tracer.contract.errors import TraceFormatError
 
     out = ScanResult()
     stall_scanner = StallScanner(DEFAULT_MIN_PASSES, reader.header.server_args.max_running_requests)
@@ -426,7 +413,7 @@ def build_marks(scan: ScanResult | None, replay: ReplayIndex) -> Marks:
     marks = Marks()
     marks.divergence = array("q", sorted(replay.divergences))
     ranges = replay.stall_ranges()
-    if not ranges and scan is not None and replay.report is None:
+    if not ranges and scan is not None and schedtrace.tracer.contract.report is None:
         ranges = scan.stalls
     marks.set_stalls(ranges)
     errors = set(replay.error_passes())

@@ -5,6 +5,6 @@
 * ``otlp``: the passes as OpenTelemetry spans over OTLP/HTTP protobuf
   (tracer/export/otlp.py), with the same names as the live mirror.
 
-Both read the trace only through ``tracer.format.TraceReader`` and the
-replay report only through ``replay.report.load_report``.
+Both read the trace only through ``schedtrace.tracer.contract.format.TraceReader`` and the
+replay report only through ``schedtrace.tracer.contract.report.load_report``.
 """

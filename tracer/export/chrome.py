@@ -9,7 +9,7 @@ One process per trace (the scheduler), with these tracks:
 * thread "events": ``i`` instants for failed allocations, exceptions, hook
   errors and record losses;
 * thread "stalls": ``i`` at the onset of each stall, from the replay report
-  when given, else the stalls in the recorded decisions (``replay.stalls``);
+  when given, else the stalls in the recorded decisions (``schedtrace.tracer.analysis.stalls``);
 * thread "replay divergences" (with a report): one ``i`` per divergence;
 * per request, nestable async slices ``b``/``e`` (category ``request``, id =
   rid): the request from arrival to finish, with ``queued`` (arrival to
@@ -28,12 +28,13 @@ from typing import IO, Any
 
 import msgspec
 
-from replay.capture import recorded_decision
-from replay.report import Divergence, Report, Stall
-from replay.stalls import StallScanner
-from tracer.format import TraceReader
-from tracer.otel_mirror import pass_result, split_error
-from tracer.schema import Abort, Alloc, Arrival, Finish, Header, HookError, Loss, Pass, Retract
+from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.contract.report import Divergence, Report, Stall
+from schedtrace.tracer.analysis.stalls import StallScanner
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import split_error
+from schedtrace.tracer.export.otel_mirror import pass_result
+from schedtrace.tracer.contract.schema import Abort, Alloc, Arrival, Finish, Header, HookError, Loss, Pass, Retract
 
 PID = 1
 TID_PASSES, TID_EVENTS, TID_STALLS, TID_DIVERGENCES = 1, 2, 3, 4
@@ -145,7 +146,7 @@ class _Requests:
 
 
 class _StallRuns:
-    """Stalls in what the recording decided (``replay.stalls``), for traces without a report."""
+    """Stalls in what the recording decided (``schedtrace.tracer.analysis.stalls``), for traces without a report."""
 
     def __init__(self, threshold: int, max_running: int | None) -> None:
         self.scanner = StallScanner(threshold, max_running)

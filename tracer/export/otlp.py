@@ -1,6 +1,6 @@
 """Send a recorded trace as OpenTelemetry spans over OTLP/HTTP protobuf.
 
-The spans are the live mirror's (tracer.otel_mirror.SpanMirror, same
+The spans are the live mirror's (schedtrace.tracer.export.otel_mirror.SpanMirror, same
 ``schedtrace.*`` names) with the trace's own timestamps; with a replay report
 each pass span also carries its ``schedtrace.divergence`` and
 ``schedtrace.stall`` events. The SDK's OTLPSpanExporter does the encoding and
@@ -28,13 +28,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult, SpanP
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Span
 
-from replay.report import Divergence, Report, Stall
-from tracer import otel_attrs as A
-from tracer.errors import EndpointUnreachableError, ExportError, UsageError
-from tracer.format import TraceReader
-from tracer.otel_mirror import SpanMirror, schedtrace_version
-from tracer.otel_sdk import make_resource
-from tracer.schema import Pass
+from schedtrace.tracer.contract.report import Divergence, Report, Stall
+from schedtrace.tracer.export import otel_attrs as A
+from schedtrace.tracer.contract.errors import EndpointUnreachableError, ExportError, UsageError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.export.otel_mirror import SpanMirror, schedtrace_version
+from schedtrace.tracer.export.otel_sdk import make_resource
+from schedtrace.tracer.contract.schema import Pass
 
 DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"
 TRACES_PATH = "/v1/traces"

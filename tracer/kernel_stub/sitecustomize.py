@@ -1,7 +1,7 @@
 """Installs the ``sgl_kernel`` stand-in, then runs any other sitecustomize.
 
 Loaded by ``site`` at interpreter start because the sandbox puts this
-directory first on ``PYTHONPATH`` (see ``tracer.kernel_stub``). This file
+directory first on ``PYTHONPATH`` (see ``schedtrace.tracer.kernel_stub``). This file
 shadows any other ``sitecustomize`` on ``sys.path`` (a distro's or a virtual
 environment's), so it finds and executes the next one itself.
 """
@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 
-from tracer.kernel_stub import install
+from schedtrace.tracer.kernel_stub import install
 
 def _run_next_sitecustomize() -> None:
     here = os.path.dirname(os.path.realpath(__file__))

@@ -9,9 +9,9 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from replay.report import Decision, Divergence, Mismatch
-from tracer.schema import Pass
-from tui.model import decision_diff, humanize_ns, pass_result, recorded_decision
+from schedtrace.tracer.contract.report import Decision, Divergence, Mismatch
+from schedtrace.tracer.contract.schema import Pass
+from schedtrace.tui.model import decision_diff, humanize_ns, pass_result, recorded_decision
 
 MAX_QUEUE_ROWS = 40
 

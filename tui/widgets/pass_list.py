@@ -22,7 +22,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.model import PASS_HEADER, PassCache, PassRow, pass_row
+from schedtrace.tui.model import PASS_HEADER, PassCache, PassRow, pass_row
 
 RESULT_STYLES = {
     "error": Style(color="red", bold=True),

@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
-from tui.model import LifeStep
+from schedtrace.tui.model import LifeStep
 
 
 class Prompt(ModalScreen[str | None]):

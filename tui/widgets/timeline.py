@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tui.model import SERIES, bucket_of, pass_of_bucket, sparkline
+from schedtrace.tui.model import SERIES, bucket_of, pass_of_bucket, sparkline
 
 LABELS = {"waiting": "queue", "running": "running", "kv_free": "kv free", "kv_evictable": "kv evict",
           "chunk": "chunk"}

@@ -1,6 +1,6 @@
 """Regenerate the tiny Llama the CPU sandbox serves (config + tokenizer).
 
-Run ``python -m tracer.assets.make_tiny_model`` (or this file directly). The
+Run ``python -m schedtrace.tracer.sandbox.assets.make_tiny_model`` (or this file directly). The
 output is deterministic, built offline with the ``tokenizers`` library, and is
 shipped in the repository so nothing is downloaded at run time. Weights are
 not stored: the sandbox launches sglang with ``--load-format dummy``.

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracer.errors import SandboxError
-from tracer.sandbox import MODEL_DIR, read_log_tail, server_env, stop_process_group
+from schedtrace.tracer.contract.errors import SandboxError
+from schedtrace.tracer.sandbox.server import MODEL_DIR, read_log_tail, server_env, stop_process_group
 
 BENCH_MODULE = "sglang.benchmark.serving"  # ``sglang.bench_serving`` is its deprecated alias
 

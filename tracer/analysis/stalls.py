@@ -22,9 +22,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from replay.capture import recorded_decision
-from replay.report import Decision, Stall
-from tracer.schema import Pass
+from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.contract.report import Decision, Stall
+from schedtrace.tracer.contract.schema import Pass
 
 DEFAULT_MIN_PASSES = 8
 # sglang's CLIP_MAX_NEW_TOKENS, read from the same variable with the same default.

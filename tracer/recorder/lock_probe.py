@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracer.snapshot import cache_evictable
+from schedtrace.tracer.recorder.pools import cache_evictable
 
 # Every ``lock`` sglang 0.5.23 defines; all other prefix caches inherit one of them.
 LOCK_TARGETS = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracer.errors import UsageError
+from schedtrace.tracer.contract.errors import UsageError
 
 
 @click.command()
@@ -14,15 +14,15 @@ from tracer.errors import UsageError
 @click.option("--new", help="Replay the trace now: the arm compared with it (e.g. fixed).")
 def tui(trace: str, report_path: str | None, old: str | None, new: str | None) -> None:
     """Browse TRACE in the terminal: timeline, passes, divergences, requests."""
-    from replay.report import load_report
-    from tracer.format import TraceReader
+    from schedtrace.tracer.contract.report import load_report
+    from schedtrace.tracer.contract.format import TraceReader
 
     if report_path and (old or new):
         raise UsageError("use either --report or --old/--new, not both")
     if bool(old) != bool(new):
         raise UsageError("--old and --new go together")
     if old and new:
-        from replay.variants import parse_variant
+        from schedtrace.replay.variants import parse_variant
 
         parse_variant(old)
         parse_variant(new)
@@ -31,7 +31,7 @@ def tui(trace: str, report_path: str | None, old: str | None, new: str | None) -
     reader = TraceReader(trace)
     report = load_report(report_path) if report_path else None
 
-    from tui.app import TraceApp
+    from schedtrace.tui.app import TraceApp
 
     try:
         TraceApp(reader, report=report, arms=(old, new) if old and new else None).run()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
-from tracer.errors import SchedtraceError
-from tracer.load import LoadSpec, run_load
-from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer
+from schedtrace.tracer.contract.errors import SchedtraceError
+from schedtrace.tracer.sandbox.load import LoadSpec, run_load
+from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
 TRACE_GLOB = "*.trace"
 
@@ -29,7 +29,7 @@ def find_traces(trace_dir: Path) -> list[Path]:
 
 def run_subcommand(args: list[str]) -> bool:
     """Run ``schedtrace ARGS`` in this process; whether it succeeded."""
-    from tracer.cli import cli
+    from schedtrace.cli import cli
 
     try:
         # Without standalone mode click returns a command's ctx.exit(code).

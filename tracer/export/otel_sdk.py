@@ -1,6 +1,6 @@
 """OpenTelemetry SDK set-up for the application side (server processes, the export command).
 
-The library (tracer.otel_mirror) only uses the API. This module is the one
+The library (schedtrace.tracer.export.otel_mirror) only uses the API. This module is the one
 place that builds SDK objects, from the standard ``OTEL_*`` variables:
 
 * ``configure_from_env()``: install a global TracerProvider with a

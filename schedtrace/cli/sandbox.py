@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from tracer.errors import SandboxError
-from tracer.sandbox import KV_PRESSURE_ARGS, SandboxServer, read_log_tail
+from schedtrace.tracer.contract.errors import SandboxError
+from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer, read_log_tail
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 

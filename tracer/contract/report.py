@@ -12,7 +12,7 @@ from typing import Final
 
 import msgspec
 
-from tracer.errors import TraceFormatError, TraceNotFoundError
+from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError
 
 REPORT_VERSION: Final = 1
 

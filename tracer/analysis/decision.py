@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
-from replay.report import Decision
-from tracer.schema import Pass
+from schedtrace.tracer.contract.report import Decision
+from schedtrace.tracer.contract.schema import Pass
 
 
 def recorded_decision(p: Pass) -> Decision:

@@ -9,7 +9,7 @@ Anomalies:
 * exception: a pass with ``error`` set, or a ``hook_error`` record;
 * stall: at least ``--min-run`` consecutive passes (repeats counted) that
   admitted nothing and ran no chunk although a request slot was free and the
-  head of the waiting queue fit in free + evictable KV (``replay.stalls``
+  head of the waiting queue fit in free + evictable KV (``schedtrace.tracer.analysis.stalls``
   holds the one definition).
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import click
 
-from replay.capture import recorded_decision
-from replay.report import Stall
-from replay.stalls import StallScanner
-from tracer.format import TraceReader
-from tracer.schema import Alloc, HookError, Idle, Loss, Pass
+from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.contract.report import Stall
+from schedtrace.tracer.analysis.stalls import StallScanner
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Alloc, HookError, Idle, Loss, Pass
 
 DEFAULT_MIN_RUN = 100
 MAX_LISTED = 20  # anomalies listed per kind (all are counted)

@@ -1,7 +1,7 @@
 """``schedtrace replay TRACE``: open-loop replay under two arms, gated for CI.
 
 Exit codes: 0 the gate holds, 1 ``--fail-on`` tripped, 2 usage or input
-error (one line on stderr, no traceback; tracer.cli turns SchedtraceError
+error (one line on stderr, no traceback; schedtrace.cli turns SchedtraceError
 into that).
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from replay.report import Report
-from replay.stalls import DEFAULT_MIN_PASSES
+from schedtrace.tracer.contract.report import Report
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES
 
 FAIL_ON = ("none", "divergence", "stall", "error")
 PROGRESS_MIN_PASSES = 500  # show a progress bar only on traces at least this long
@@ -108,8 +108,8 @@ def replay(trace: Path, old: str, new: str, json_path: Path | None, fail_on: str
     """Replay TRACE through the real sglang scheduler under two logic variants."""
     from rich.console import Console
 
-    from replay.engine import replay_trace
-    from replay.report import dump_report
+    from schedtrace.replay.engine import replay_trace
+    from schedtrace.tracer.contract.report import dump_report
 
     console = Console(stderr=False)
     progress = None
@@ -133,7 +133,7 @@ def replay(trace: Path, old: str, new: str, json_path: Path | None, fail_on: str
         if progress is not None:
             progress.stop()
     if closed_loop:
-        from replay.closed_loop import run_closed_loop
+        from schedtrace.replay.closed_loop import run_closed_loop
 
         arms = list(dict.fromkeys((old, new)))
         report.closed_loop = run_closed_loop(trace, arms, from_pass=from_pass, stall_passes=stall_passes)

@@ -23,8 +23,8 @@ from typing import Final
 import msgpack
 import msgspec
 
-from tracer.errors import TraceFormatError, TraceNotFoundError, TraceVersionError
-from tracer.schema import (
+from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError, TraceVersionError
+from schedtrace.tracer.contract.schema import (
     RECORD_TYPES,
     SCHEMA_VERSION,
     TAIL_PREFIX,
@@ -86,10 +86,6 @@ class TraceWriter:
     @property
     def size(self) -> int:
         return self._size
-
-    @property
-    def passes_written(self) -> int:
-        return len(self._pass_offsets)
 
     def write(self, record: Record) -> None:
         self.write_many((record,))
@@ -241,15 +237,6 @@ class TraceReader:
         if self._pass_offsets is None:
             self._pass_offsets = self._scan_pass_offsets()
         return self._pass_offsets
-
-    def count_records(self) -> Counter[str]:
-        """Counts by tag from the footer, or from one scan of an unclosed file."""
-        if self.footer is not None:
-            return Counter({k: v for k, v in self.footer.counts.items()})
-        counts: Counter[str] = Counter()
-        for _, record in self.records():
-            counts[record.__struct_config__.tag] += 1
-        return counts
 
     # --- framing ---
 

@@ -44,8 +44,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from tracer.format import TraceWriter
-from tracer.schema import Aiter, Alloc, Header, Idle, Loss, Pass, Record
+from schedtrace.tracer.contract.format import TraceWriter
+from schedtrace.tracer.contract.schema import Aiter, Alloc, Header, Idle, Loss, Pass, Record
 
 logger = logging.getLogger(__name__)
 

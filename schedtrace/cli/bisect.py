@@ -2,7 +2,7 @@
 
 Exit codes, as ``schedtrace replay --fail-on stall``: 0 no stock stall found,
 1 at least one, 2 usage or input error (one line on stderr, no traceback;
-tracer.cli turns SchedtraceError into that).
+schedtrace.cli turns SchedtraceError into that).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from replay.bisect import CLOSED_LOOP, OPEN_LOOP, BisectReport, StallFinding
-from replay.stalls import DEFAULT_MIN_PASSES
+from schedtrace.replay.bisect import CLOSED_LOOP, OPEN_LOOP, BisectReport, StallFinding
+from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES
 
 MODES = {"both": (OPEN_LOOP, CLOSED_LOOP), OPEN_LOOP: (OPEN_LOOP,), CLOSED_LOOP: (CLOSED_LOOP,)}
 
@@ -67,7 +67,7 @@ def bisect(trace: Path, stall_passes: int, json_path: Path | None, from_pass: in
     """Find where each stock stall of TRACE began and the fewest fixes that remove it."""
     from rich.console import Console
 
-    from replay.bisect import dump_bisect, run_bisect
+    from schedtrace.replay.bisect import dump_bisect, run_bisect
 
     report = run_bisect(trace, stall_passes=stall_passes, from_pass=from_pass, max_passes=max_passes, modes=MODES[mode])
     if json_path is not None:

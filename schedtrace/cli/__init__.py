@@ -11,17 +11,17 @@ import sys
 
 import click
 
-from tracer.errors import SchedtraceError
+from schedtrace.tracer.contract.errors import SchedtraceError
 
 # name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
-    "sandbox": "tracer.sandbox_cli:sandbox",
-    "demo": "tracer.demo:demo",
-    "info": "tracer.info:info",
-    "replay": "replay.cli:replay",
-    "bisect": "replay.bisect_cli:bisect",
-    "tui": "tui.cli:tui",
-    "export": "tracer.export.cli:export",
+    "sandbox": "schedtrace.cli.sandbox:sandbox",
+    "demo": "schedtrace.cli.demo:demo",
+    "info": "schedtrace.cli.info:info",
+    "replay": "schedtrace.cli.replay:replay",
+    "bisect": "schedtrace.cli.bisect:bisect",
+    "tui": "schedtrace.cli.tui:tui",
+    "export": "schedtrace.cli.export:export",
 }
 
 

@@ -17,7 +17,7 @@ otlp``. ``make_sink`` wraps it for the recorder's writer thread: it runs
 after the file write, never raises into the writer, and the SDK's
 BatchSpanProcessor does the exporting off that thread. This module never
 configures an SDK itself; see ``make_sink`` for the one opt-in hand-off to
-tracer.otel_sdk.
+schedtrace.tracer.export.otel_sdk.
 """
 
 from __future__ import annotations
@@ -27,37 +27,36 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from tracer import otel_attrs as A
-from tracer.schema import Aiter, Alloc, Header, HookError, Loss, Pass, Record
-from tracer.snapshot import installed_version
+from schedtrace.tracer.export import otel_attrs as A
+from schedtrace.tracer.analysis.outcome import pass_outcome
+from schedtrace.tracer.contract.names import OTEL_ENV, env_flag, split_error
+from schedtrace.tracer.contract.schema import Aiter, Alloc, Header, HookError, Loss, Pass, Record
+from schedtrace.tracer.contract.versions import installed_version
 
 _log = logging.getLogger(__name__)
 
-ENV_SWITCH = "SCHEDTRACE_OTEL"
 DEFAULT_LINGER_S = 1.0
 
 Annotate = Callable[[Span, Pass, int], None]  # (span, pass, pass end in epoch ns)
 
 
 def otel_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(OTEL_ENV, environ)
+
+
+# The OTel attribute folds the finer outcome words into four values.
+_OTEL_RESULT: Final = {"error": A.RESULT_ERROR, "admit": A.RESULT_ADMITTED, "chunk": A.RESULT_CHUNK}
 
 
 def pass_result(record: Pass) -> str:
-    """The ``schedtrace.pass.result`` value of a pass (first match wins)."""
-    if record.error is not None:
-        return A.RESULT_ERROR
-    if record.admitted:
-        return A.RESULT_ADMITTED
-    if record.chunk is not None and record.chunk.size:
-        return A.RESULT_CHUNK
-    return A.RESULT_REJECTED
+    """The ``schedtrace.pass.result`` value of a pass."""
+    return _OTEL_RESULT.get(pass_outcome(record), A.RESULT_REJECTED)
 
 
 def pass_attributes(record: Pass) -> dict[str, Any]:
@@ -88,12 +87,6 @@ def pass_attributes(record: Pass) -> dict[str, Any]:
     if record.new_chunked_rid is not None:
         attrs[A.NEW_CHUNKED_RID] = record.new_chunked_rid
     return attrs
-
-
-def split_error(error: str) -> tuple[str, str]:
-    """``"Type: message"`` -> (type, message)."""
-    kind, sep, message = error.partition(": ")
-    return (kind, message) if sep else ("Exception", error)
 
 
 def event_of(record: Record) -> tuple[str, dict[str, Any]] | None:
@@ -265,7 +258,7 @@ class OtelSink:
         provider = self._provider
         if provider is None and self._configure_sdk:
             try:
-                from tracer.otel_sdk import configure_from_env
+                from schedtrace.tracer.export.otel_sdk import configure_from_env
             except ImportError:  # the SDK is optional; the API alone still works
                 pass
             else:
@@ -315,7 +308,7 @@ def make_sink(
     ``header``: the trace header (its ``start_wall_ns`` anchors span times);
     a Header record seen in a batch also sets it. ``tracer_provider``: use
     this provider instead of the global one (tests). ``configure_sdk``: on
-    the first batch, let tracer.otel_sdk install an SDK from the ``OTEL_*``
+    the first batch, let schedtrace.tracer.export.otel_sdk install an SDK from the ``OTEL_*``
     variables if, and only if, no provider is set yet and an OTLP endpoint or
     ``OTEL_TRACES_EXPORTER`` is given; otherwise spans go to whatever global
     provider the process has (none: the API's no-op).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tracer.errors import UsageError
+from schedtrace.tracer.contract.errors import UsageError
 
 
 @click.command()
@@ -24,12 +24,12 @@ from tracer.errors import UsageError
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=120), default=10.0, show_default=True,
               help="otlp: seconds per batch, retries included, before giving up.")
 @click.option("--stall-passes", type=click.IntRange(min=1), default=32, show_default=True,
-              help="chrome without --report: passes in a row that make a stall (replay.stalls).")
+              help="chrome without --report: passes in a row that make a stall (schedtrace.tracer.analysis.stalls).")
 def export(trace: str, fmt: str, output: str | None, endpoint: str | None, report_path: str | None,
            timeout_s: float, stall_passes: int) -> None:
     """Export TRACE for Perfetto UI (--format chrome) or an OpenTelemetry collector (--format otlp)."""
-    from replay.report import load_report
-    from tracer.format import TraceReader
+    from schedtrace.tracer.contract.report import load_report
+    from schedtrace.tracer.contract.format import TraceReader
 
     if fmt == "chrome" and endpoint:
         raise UsageError("--endpoint applies to --format otlp only")
@@ -50,7 +50,7 @@ def export(trace: str, fmt: str, output: str | None, endpoint: str | None, repor
 
 
 def _export_chrome(reader, output: str | None, report, stall_passes: int) -> None:
-    from tracer.export.chrome import export_chrome
+    from schedtrace.tracer.export.chrome import export_chrome
 
     if output == "-":
         stats = export_chrome(reader, sys.stdout.buffer, report, stall_passes=stall_passes)
@@ -74,7 +74,7 @@ def _export_chrome(reader, output: str | None, report, stall_passes: int) -> Non
 
 def _export_otlp(reader, endpoint: str | None, report, timeout_s: float) -> None:
     try:
-        from tracer.export.otlp import export_otlp, resolve_endpoint
+        from schedtrace.tracer.export.otlp import export_otlp, resolve_endpoint
     except ImportError as exc:  # the SDK and exporter are the optional "otel" extra
         raise UsageError(f"--format otlp needs the OpenTelemetry SDK: pip install 'schedtrace[otel]' ({exc})") from None
 

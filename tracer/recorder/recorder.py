@@ -9,7 +9,7 @@ Per pass (``Scheduler._get_new_batch_prefill_raw``):
 * idle check first (empty waiting queue and no chunked request): bump a
   counter and call through; nothing else runs;
 * otherwise open a ``_PassCapture``: references to the live requests plus
-  the few ints that can change (``tracer.snapshot`` says which), filled by
+  the few ints that can change (``schedtrace.tracer.recorder.capture`` says which), filled by
   the ``PrefillAdder``/``PrefillBudget`` hooks while the pass runs (``error``
   if it raised; the exception is re-raised unchanged). The ``Pass`` record
   itself is built on the writer thread (``WriterThread`` builds ``Deferred``s),
@@ -43,9 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracer import snapshot
-from tracer.lock_probe import LOCK_TARGETS, LockProbe
-from tracer.schema import (
+from schedtrace.tracer.recorder import capture as snapshot
+from schedtrace.tracer.recorder import pools
+from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS, LockProbe
+from schedtrace.tracer.contract.schema import (
     Abort,
     Admitted,
     Aiter,
@@ -60,7 +61,7 @@ from tracer.schema import (
     Record,
     Retract,
 )
-from tracer.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Deferred, Sink, WriterThread
+from schedtrace.tracer.recorder.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Deferred, Sink, WriterThread
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class _PassCapture(Deferred):
     lists, since sglang sorts and filters its own in place), the ints that can
     change per request (``prefix_len``, ``len(output_ids)``), the KV counts and
     flags. ``build()`` later adds the fields that never change once a request
-    is queued (``tracer.snapshot`` lists them). Filled by the adder/budget
+    is queued (``schedtrace.tracer.recorder.capture`` lists them). Filled by the adder/budget
     hooks while the pass runs; never touched by the scheduler thread once
     submitted.
     """
@@ -132,7 +133,7 @@ class _PassCapture(Deferred):
             snapshot.waiting_rows(self.waiting, self.waiting_prefix, self.waiting_out),
             snapshot.running_rows(self.running, self.running_out),
             snapshot.chunked_row(chunked, self.chunked_prefix, self.chunked_out) if chunked is not None else None,
-            self.batch_is_full_in, snapshot.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
+            self.batch_is_full_in, pools.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
             self.chunked_prefill_size, self.candidate_rows(), self.admitted_rows(), self.chunk, self.new_chunked_rid,
             self.batch_is_full_out, self.error,
         )
@@ -326,7 +327,7 @@ class Recorder:
             cap.chunked_out = len(chunked.output_ids)
         else:
             cap.chunked_prefix = cap.chunked_out = 0
-        cap.kv = snapshot.kv_counts(scheduler)
+        cap.kv = pools.kv_counts(scheduler)
         cap.req_slots_free = scheduler.req_to_token_pool.available_size()
         cap.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
         cap.chunked_prefill_size = snapshot.effective_chunk_size(scheduler)
@@ -376,7 +377,7 @@ class Recorder:
 
     def on_alloc(self, op: str, requested: int, available: int, ok: bool) -> None:
         scheduler = self.scheduler
-        evictable = snapshot.evictable_tokens(scheduler) if scheduler is not None else 0
+        evictable = pools.evictable_tokens(scheduler) if scheduler is not None else 0
         self._emit(Alloc(self.now(), -1, op, int(requested), int(available), int(evictable), ok))
 
     def on_aiter(self, record: Aiter) -> None:

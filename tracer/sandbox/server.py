@@ -25,8 +25,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tracer.errors import SandboxError, ServerStartError
-from tracer.kernel_stub import STUB_DIR
+from schedtrace.tracer.contract.errors import SandboxError, ServerStartError
+from schedtrace.tracer.kernel_stub import STUB_DIR
 
 MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-llama"
 HOST = "127.0.0.1"

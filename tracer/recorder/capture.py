@@ -15,11 +15,11 @@ import importlib.metadata
 import socket
 from typing import Any
 
-from tracer.schema import (
+from schedtrace.tracer.contract.versions import installed_version
+from schedtrace.tracer.contract.schema import (
     SCHEMA_VERSION,
     ChunkedReq,
     Header,
-    KvSnapshot,
     RunningReq,
     ServerArgs,
     WaitingReq,
@@ -49,28 +49,6 @@ def prefix_lens(reqs: list) -> list[int]:
 
 def output_lens(reqs: list) -> list[int]:
     return [len(req.output_ids) for req in reqs]
-
-
-def kv_counts(scheduler: Any) -> tuple:
-    """Free and evictable tokens of every pool, as ``KvSnapshot``'s field tuple."""
-    allocator = scheduler.token_to_kv_pool_allocator
-    tree_cache = scheduler.tree_cache
-    if getattr(scheduler, "is_hybrid_swa", False):
-        available = _call(allocator, "full_available_size", allocator.available_size)
-        swa_available = _call(allocator, "swa_available_size", None)
-        evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
-        swa_evictable = _call(tree_cache, "swa_evictable_size", None)
-    else:
-        available = allocator.available_size()
-        evictable = tree_cache.full_evictable_size() if tree_cache.supports_mamba() else tree_cache.evictable_size()
-        swa_available = swa_evictable = None
-    mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
-    if mamba_allocator is None:
-        return (available, evictable, swa_available, swa_evictable)
-    return (
-        available, evictable, swa_available, swa_evictable,
-        mamba_allocator.available_size(), _call(tree_cache, "mamba_evictable_size", None),
-    )
 
 
 # --- writer thread: rows from references + the ints captured at pass entry ---
@@ -104,22 +82,6 @@ def chunked_row(req: Any, prefix_len: int, output_len: int) -> ChunkedReq:
     return ChunkedReq(
         req.rid, len(req.origin_input_ids), prefix_len, params.max_new_tokens, output_len, bool(params.ignore_eos),
     )
-
-
-def kv_row(counts: tuple) -> KvSnapshot:
-    return KvSnapshot(*counts)
-
-
-def evictable_tokens(scheduler: Any) -> int:
-    """What the radix cache could evict from the full pool right now."""
-    return cache_evictable(scheduler.tree_cache)
-
-
-def cache_evictable(tree_cache: Any) -> int:
-    """The evictable count ``PrefillBudget`` reads (full pool under mamba)."""
-    if tree_cache.supports_mamba():
-        return tree_cache.full_evictable_size()
-    return tree_cache.evictable_size()
 
 
 def effective_chunk_size(scheduler: Any) -> int | None:
@@ -203,19 +165,3 @@ def _mamba_chunk_grid() -> int:
         return int(mamba_prefill_chunk_grid())
     except Exception:  # older sglang without the grid: cuts are left alone
         return 1
-
-
-def _call(obj: Any, name: str, fallback: Any) -> Any:
-    method = getattr(obj, name, None)
-    if method is not None:
-        return method()
-    return fallback() if callable(fallback) else fallback
-
-
-@functools.cache
-def installed_version(dist: str) -> str:
-    """The installed version of a distribution, or "unknown"."""
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

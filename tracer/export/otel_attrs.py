@@ -1,8 +1,8 @@
 """The ``schedtrace.*`` OpenTelemetry namespace: span, event and attribute names.
 
 The one place these names are spelled; docs/otel.md documents each of them.
-Both the live mirror (tracer.otel_mirror) and the OTLP export
-(tracer.export.otlp) use them, so a dashboard built on one works on the other.
+Both the live mirror (schedtrace.tracer.export.otel_mirror) and the OTLP export
+(schedtrace.tracer.export.otlp) use them, so a dashboard built on one works on the other.
 Values are lengths, counts and rids only, never prompt text or token ids.
 """
 

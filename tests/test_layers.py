@@ -1,0 +1,108 @@
+"""The layers run one way (docs/architecture.md): this walks every import.
+
+Each product module belongs to one room; a room may import only the rooms
+listed for it. A new module lands in a room by its path, so the rule holds
+without anyone remembering it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"schedtrace": "schedtrace", "tracer": "schedtrace.tracer", "replay": "schedtrace.replay", "tui": "schedtrace.tui"}
+
+# room -> the rooms it may import (its own is always allowed). Longest prefix wins.
+ROOMS: dict[str, set[str]] = {
+    "schedtrace.tracer.contract": set(),
+    "schedtrace.tracer.analysis": {"schedtrace.tracer.contract"},
+    "schedtrace.tracer.kernel_stub": set(),
+    "schedtrace.tracer.recorder": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
+    "schedtrace.tracer.export": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
+    "schedtrace.tracer.sandbox": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis",
+                                  "schedtrace.tracer.kernel_stub"},
+    "schedtrace.replay": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis",
+                          "schedtrace.tracer.kernel_stub"},
+    # The sglang entry point: the one place that reaches the recorder and the live fixes.
+    "schedtrace.tracer.plugin": {"schedtrace.tracer.contract", "schedtrace.tracer.recorder",
+                                 "schedtrace.tracer.export", "schedtrace.replay.variants"},
+    "schedtrace.tui": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis", "schedtrace.replay",
+                       "schedtrace.tracer.export"},
+    "schedtrace.cli": {"schedtrace"},  # the top: anything
+    "schedtrace": set(),  # the namespace package itself
+}
+
+
+def room_of(module: str) -> str:
+    matches = [r for r in ROOMS if module == r or module.startswith(r + ".")]
+    if not matches:
+        raise AssertionError(f"{module} is in no room: add it to ROOMS and docs/architecture.md")
+    return max(matches, key=len)
+
+
+def product_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+    return {n for n in found if n == "schedtrace" or n.startswith("schedtrace.")}
+
+
+def allowed(source_room: str, target: str) -> bool:
+    target_room = room_of(target) if target in MODULES or target_room_exists(target) else None
+    if target_room is None:
+        return True  # a name imported from a module, not a module itself
+    if target_room == source_room:
+        return True
+    return any(target == r or target.startswith(r + ".") for r in ROOMS[source_room])
+
+
+def target_room_exists(name: str) -> bool:
+    return any(m == name or m.startswith(name + ".") for m in MODULES)
+
+
+MODULES = product_modules()
+
+
+def test_every_module_has_a_room() -> None:
+    for module in MODULES:
+        room_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_one_way(module: str) -> None:
+    source_room = room_of(module)
+    bad = sorted(t for t in imports_of(module, MODULES[module]) if not allowed(source_room, t))
+    assert not bad, f"{module} ({source_room}) imports upward or sideways: {', '.join(bad)}"
+
+
+def test_the_checker_catches_an_upward_edge(tmp_path: Path) -> None:
+    """The rule itself can fail: the contract importing the replayer is refused."""
+    assert not allowed("schedtrace.tracer.contract", "schedtrace.replay.engine")
+    assert not allowed("schedtrace.tracer.recorder", "schedtrace.replay.driver")
+    assert allowed("schedtrace.tracer.plugin", "schedtrace.replay.variants")
+    assert not allowed("schedtrace.tracer.plugin", "schedtrace.replay.engine")
