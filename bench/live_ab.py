@@ -25,7 +25,8 @@ from pathlib import Path
 
 from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.contract.report import Stall
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, StallScanner
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
+from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.cli.info import summarize
 from schedtrace.tracer.sandbox.load import LoadResult, LoadSpec, run_load
@@ -77,7 +78,7 @@ class ArmRun:
         )
 
 
-def trace_facts(paths: list[Path], stall_passes: int = DEFAULT_MIN_PASSES) -> TraceFacts:
+def trace_facts(paths: list[Path], stall_passes: int = DEFAULT_STALL_PASSES) -> TraceFacts:
     facts = TraceFacts(files=len(paths))
     for path in paths:
         with TraceReader(path) as reader:
@@ -97,7 +98,7 @@ def trace_facts(paths: list[Path], stall_passes: int = DEFAULT_MIN_PASSES) -> Tr
     return facts
 
 
-def run_arm(arm: str, spec: LoadSpec, work: Path, stall_passes: int = DEFAULT_MIN_PASSES) -> ArmRun:
+def run_arm(arm: str, spec: LoadSpec, work: Path, stall_passes: int = DEFAULT_STALL_PASSES) -> ArmRun:
     """One fresh server for ``arm``, one load, traces read back."""
     trace_dir = work / "traces"
     log_path = work / "server.log"

@@ -38,7 +38,7 @@ import msgspec
 from schedtrace.replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
 from schedtrace.replay.differ import divergence_kinds
 from schedtrace.tracer.contract.report import Decision, Stall
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader
 
@@ -227,7 +227,7 @@ def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str])
 def run_bisect(
     path: str | os.PathLike[str],
     *,
-    stall_passes: int = DEFAULT_MIN_PASSES,
+    stall_passes: int = DEFAULT_STALL_PASSES,
     from_pass: int = 0,
     max_passes: int | None = None,
     modes: tuple[str, ...] = (OPEN_LOOP, CLOSED_LOOP),

@@ -25,7 +25,8 @@ import msgspec
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, to_pass, with_outputs
 from schedtrace.tracer.contract.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, find_stalls
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
+from schedtrace.tracer.analysis.stalls import find_stalls
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
@@ -430,7 +431,7 @@ def run_arms(
     if not arms:
         raise UsageError("closed loop needs at least one arm")
     check_variants(*arms)
-    n = DEFAULT_MIN_PASSES if stall_passes is None else stall_passes
+    n = DEFAULT_STALL_PASSES if stall_passes is None else stall_passes
     if n < 1:
         raise UsageError(f"stall passes must be at least 1, got {n}")
     if loop is None:

@@ -32,7 +32,8 @@ from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fi
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, StallScanner, is_stalled
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
+from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Aiter, Pass
@@ -228,7 +229,7 @@ def replay_trace(
     old: str = "stock",
     new: str = "fixed",
     *,
-    stall_passes: int = DEFAULT_MIN_PASSES,
+    stall_passes: int = DEFAULT_STALL_PASSES,
     jobs: int = 1,
     on_progress: ProgressCallback | None = None,
     on_divergence: DivergenceCallback | None = None,

@@ -16,7 +16,8 @@ from typing import Final
 
 from schedtrace.tracer.analysis.decision import recorded_decision  # noqa: F401 - the one Pass -> Decision mapping (re-exported)
 from schedtrace.tracer.contract.report import Decision, Divergence, Report
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES, StallScanner
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
+from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.analysis.outcome import OUTCOMES, pass_outcome
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Abort, Alloc, Arrival, Finish, Header, Loss, Pass, Retract
@@ -274,7 +275,7 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     from schedtrace.tracer.contract.errors import TraceFormatError
 
     out = ScanResult()
-    stall_scanner = StallScanner(DEFAULT_MIN_PASSES, reader.header.server_args.max_running_requests)
+    stall_scanner = StallScanner(DEFAULT_STALL_PASSES, reader.header.server_args.max_running_requests)
     s = out.series
     waiting, running, kv_free, kv_evict, chunk = (s[name] for name in SERIES)
     rids = out.rids
@@ -413,7 +414,7 @@ def build_marks(scan: ScanResult | None, replay: ReplayIndex) -> Marks:
     marks = Marks()
     marks.divergence = array("q", sorted(replay.divergences))
     ranges = replay.stall_ranges()
-    if not ranges and scan is not None and schedtrace.tracer.contract.report is None:
+    if not ranges and scan is not None and replay.report is None:
         ranges = scan.stalls
     marks.set_stalls(ranges)
     errors = set(replay.error_passes())

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from schedtrace.replay.bisect import CLOSED_LOOP, OPEN_LOOP, BisectReport, StallFinding
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 
 MODES = {"both": (OPEN_LOOP, CLOSED_LOOP), OPEN_LOOP: (OPEN_LOOP,), CLOSED_LOOP: (CLOSED_LOOP,)}
 
@@ -53,7 +53,7 @@ def render(report: BisectReport, console) -> None:
 
 @click.command()
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_MIN_PASSES, show_default=True,
+@click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_STALL_PASSES, show_default=True,
               help="Passes without admission (head request fits) that make a stall.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the findings as JSON.")
 @click.option("--from", "from_pass", type=click.IntRange(min=0), default=0, show_default=True,

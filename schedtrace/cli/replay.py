@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from schedtrace.tracer.contract.report import Report
-from schedtrace.tracer.analysis.stalls import DEFAULT_MIN_PASSES
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 
 FAIL_ON = ("none", "divergence", "stall", "error")
 PROGRESS_MIN_PASSES = 500  # show a progress bar only on traces at least this long
@@ -96,7 +96,7 @@ def _closed_loop_summary(loop, console) -> None:
 @click.option("--new", default="fixed", show_default=True, help="Arm compared with the baseline.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the report as JSON.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="none", show_default=True, help="Exit 1 when this is found.")
-@click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_MIN_PASSES, show_default=True,
+@click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_STALL_PASSES, show_default=True,
               help="Passes without admission (head request fits) that make a stall.")
 @click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
               help="Worker processes for long traces (used from 4000 pass records up).")

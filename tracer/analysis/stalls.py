@@ -26,7 +26,6 @@ from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.contract.report import Decision, Stall
 from schedtrace.tracer.contract.schema import Pass
 
-DEFAULT_MIN_PASSES = 8
 # sglang's CLIP_MAX_NEW_TOKENS, read from the same variable with the same default.
 CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", 4096))
 

@@ -13,6 +13,9 @@ from typing import Final
 
 logger = logging.getLogger(__name__)
 
+# The sglang release the fixes, the replayer and the hook points are written against.
+PINNED_SGLANG: Final = "0.5.23"
+
 # Environment variables the sglang plugin reads (README, "Recording on a GPU server").
 DIR_ENV: Final = "SCHEDTRACE_DIR"
 FIXES_ENV: Final = "SCHEDTRACE_FIXES"

@@ -32,6 +32,7 @@ from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.contract.report import Divergence, Report, Stall
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.names import split_error
 from schedtrace.tracer.export.otel_mirror import pass_result
 from schedtrace.tracer.contract.schema import Abort, Alloc, Arrival, Finish, Header, HookError, Loss, Pass, Retract
@@ -46,7 +47,7 @@ THREAD_NAMES = {
 }
 COUNTERS = ("queue depth", "running", "KV free", "KV evictable")
 REQUEST_CATEGORY = "request"
-DEFAULT_STALL_PASSES = 32
+
 
 Event = dict[str, Any]
 
