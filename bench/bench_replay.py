@@ -58,7 +58,7 @@ def _bare_seconds(driver, passes) -> float:
 
 def main(argv: list[str]) -> int:
     passes_wanted = int(argv[argv.index("--passes") + 1]) if "--passes" in argv else 6000
-    from bench.gen_trace import generate
+    from schedtrace.tracer.contract.synthetic import generate
     from schedtrace.replay.driver import PassDriver, _Ratio
     from schedtrace.replay.engine import replay_trace
     from schedtrace.tracer.contract.format import TraceReader

@@ -47,7 +47,7 @@ FIGURES = ("first_paint_s", "jump_ms", "jump_first_ms", "jump_in_scan_ms", "rss_
 
 
 def ensure_trace(directory: Path, passes: int) -> tuple[Path, Path]:
-    from bench.gen_trace import generate
+    from schedtrace.tracer.contract.synthetic import generate
 
     trace, report = directory / f"bench-{passes}.trace", directory / f"bench-{passes}.json"
     if not (trace.exists() and report.exists()):

@@ -16,9 +16,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from schedtrace.tracer.contract import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.schema import (
-    SCHEMA_VERSION,
     Admitted,
     Aiter,
     Alloc,
@@ -34,7 +34,6 @@ from schedtrace.tracer.contract.schema import (
     Loss,
     Pass,
     RunningReq,
-    ServerArgs,
     WaitingReq,
 )
 
@@ -43,14 +42,11 @@ START_WALL_NS = 1_700_000_000_000_000_000
 
 
 def header() -> Header:
-    return Header(
-        schema_version=SCHEMA_VERSION, sglang_version="0.5.23", schedtrace_version="0.1.0", host="test-host",
-        pid=4242, tp_rank=0, dp_rank=1, start_wall_ns=START_WALL_NS,
-        server_args=ServerArgs(
-            schedule_policy="fcfs", chunked_prefill_size=512, max_prefill_tokens=16384, page_size=1,
-            max_running_requests=8, max_total_tokens=6000, attention_backend="torch_native", model_path="tiny",
+    return builders.header(
+        pid=4242, dp_rank=1, start_wall_ns=START_WALL_NS, max_req_slots=12,
+        server_args=builders.server_args(
+            chunked_prefill_size=512, max_running_requests=8, max_total_tokens=6000, model_path="tiny",
         ),
-        max_req_slots=12,
     )
 
 
@@ -59,14 +55,10 @@ def _waiting(rid: str, input_len: int) -> WaitingReq:
 
 
 def _pass(seq: int, t_ns: int, dur_ns: int, **kw) -> Pass:
-    fields = dict(
-        seq=seq, t_ns=t_ns, dur_ns=dur_ns, repeat=1, idle_before=0, waiting=[], running=[], chunked=None,
-        batch_is_full_in=False, kv=KvSnapshot(available=5000, evictable=100), req_slots_free=10,
-        new_token_ratio=0.5, chunked_prefill_size=512, candidates=[], admitted=[], chunk=None,
-        new_chunked_rid=None, batch_is_full_out=False,
-    )
+    fields = dict(kv=KvSnapshot(available=5000, evictable=100), req_slots_free=10, new_token_ratio=0.5,
+                  chunked_prefill_size=512)
     fields.update(kw)
-    return Pass(**fields)
+    return builders.pass_record(seq, t_ns=t_ns, dur_ns=dur_ns, **fields)
 
 
 def records() -> list:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from schedtrace.tracer.contract import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.schema import (
     Admitted,
@@ -21,7 +22,6 @@ from schedtrace.tracer.contract.schema import (
     KvSnapshot,
     Pass,
     RunningReq,
-    ServerArgs,
     WaitingReq,
 )
 
@@ -38,27 +38,14 @@ def header(
 ) -> Header:
     from schedtrace.replay.patching import sglang_version as installed
 
-    return Header(
-        schema_version=1,
+    return builders.header(
         sglang_version=sglang_version or installed(),
-        schedtrace_version="0.1.0",
         host="repro",
-        pid=1,
-        tp_rank=0,
-        dp_rank=None,
-        start_wall_ns=0,
-        server_args=ServerArgs(
+        server_args=builders.server_args(
             schedule_policy=policy,
             chunked_prefill_size=chunked_prefill_size,
-            max_prefill_tokens=16384,
-            page_size=1,
-            max_running_requests=12,
-            max_total_tokens=40000,
-            attention_backend="torch_native",
-            model_path="tiny-llama",
             disable_radix_cache=disable_radix_cache,
         ),
-        max_req_slots=13,
         mamba_chunk_grid=mamba_chunk_grid,
     )
 
@@ -67,16 +54,7 @@ def running(n: int, input_len: int = 3000, output_len: int = 100) -> list[Runnin
     return [RunningReq(f"run-{k}", input_len, output_len, 300, True) for k in range(n)]
 
 
-def make_pass(seq: int, **fields) -> Pass:
-    base = dict(
-        seq=seq, t_ns=seq * 1_000_000, dur_ns=100_000, repeat=1, idle_before=0,
-        waiting=[], running=[], chunked=None, batch_is_full_in=False,
-        kv=KvSnapshot(available=0, evictable=0), req_slots_free=1, new_token_ratio=0.4,
-        chunked_prefill_size=CHUNK, candidates=[], admitted=[], chunk=None,
-        new_chunked_rid=None, batch_is_full_out=False,
-    )
-    base.update(fields)
-    return Pass(**base)
+make_pass = builders.pass_record
 
 
 def chunk_cap_trace(path: Path) -> Path:

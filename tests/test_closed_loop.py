@@ -7,7 +7,6 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from schedtrace.replay import closed_loop
 from schedtrace.replay.closed_loop import PassClock, load_input, run_arms, run_closed_loop
 from schedtrace.tracer.contract.report import ClosedLoop
 from schedtrace.tracer.contract.errors import UsageError
@@ -213,5 +212,9 @@ def test_an_empty_server_skips_straight_to_the_next_arrival(tmp_path):
     assert [p.seq for p in run.passes] == [1]  # one pass record: the rest were idle
 
 
-def test_closed_loop_module_exposes_the_replay_entry_point():
-    assert callable(closed_loop.run_closed_loop)
+def test_the_report_holds_each_arms_own_run_and_the_longest_pass_count(tmp_path):
+    trace = latch_reproduction(tmp_path / "latch.trace")
+    runs = run_arms(trace, ["stock", "fixed"])
+    report = run_closed_loop(trace, ["stock", "fixed"])
+    assert report.arms == {arm: run.outcome for arm, run in runs.items()}
+    assert report.passes == max(run.outcome.passes for run in runs.values())

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from bench.gen_trace import generate
+from schedtrace.tracer.contract.synthetic import generate
 from otel_support import header, records, run_cli, write_small_trace
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.analysis.stalls import recorded_stalls

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bench.gen_trace import generate
+from schedtrace.tracer.contract.synthetic import generate
 from otel_support import START_WALL_NS, OtlpReceiver, attrs_of, closed_port, run_cli, write_small_trace
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.export import otel_attrs as A

@@ -10,17 +10,13 @@ import pytest
 
 from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter, encode, write_trace
-from schedtrace.tracer.contract.schema import Arrival, Header, KvSnapshot, Pass, ServerArgs
-
-
-def header() -> Header:
-    args = ServerArgs("fcfs", 8192, 16384, 1, 12, 40000, "torch_native", "m")
-    return Header(1, "0.5.23", "0.1.0", "h", 1, 0, None, 0, args)
+from schedtrace.tracer.contract.builders import header, pass_record
+from schedtrace.tracer.contract.schema import Arrival, KvSnapshot, Pass
 
 
 def a_pass(seq: int) -> Pass:
-    return Pass(seq, seq * 10, 5, 1, 0, [], [], None, False, KvSnapshot(100, 0), 4, 0.5, 8192,
-                [], [], None, None, False)
+    return pass_record(seq, t_ns=seq * 10, dur_ns=5, kv=KvSnapshot(available=100, evictable=0), req_slots_free=4,
+                       new_token_ratio=0.5)
 
 
 def unclosed_trace(path: Path, n: int) -> list[int]:

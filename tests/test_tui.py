@@ -1,6 +1,6 @@
 """The trace browser driven through Textual's Pilot, plus its pure view model.
 
-Traces come from bench.gen_trace (deterministic, with planted stalls,
+Traces come from schedtrace.tracer.contract.synthetic (deterministic, with planted stalls,
 failed allocations and one raising pass) and its matching replay report.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
-from bench.gen_trace import generate
+from schedtrace.tracer.contract.synthetic import generate
 from schedtrace.tracer.contract.report import Decision, load_report
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tui.app import KEYS, TraceApp

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gen_trace import generate
+from schedtrace.tracer.contract.synthetic import generate
 from schedtrace.tracer.contract.report import load_report
 
 TMUX = shutil.which("tmux")
