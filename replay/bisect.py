@@ -38,15 +38,13 @@ import msgspec
 from schedtrace.replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
 from schedtrace.replay.differ import divergence_kinds
 from schedtrace.tracer.contract.report import Decision, Stall
-from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader
 
 BISECT_VERSION: Final = 1
 OPEN_LOOP: Final = "open-loop"
 CLOSED_LOOP: Final = "closed-loop"
-STOCK: Final = "stock"
-FIXED: Final = "fixed"
 
 
 class FirstDivergence(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):

@@ -17,12 +17,10 @@ from functools import lru_cache
 from schedtrace.replay.fixes import FIX_NAMES, FIXES
 from schedtrace.replay.patching import EditStatus, PreparedFix, prepare, sglang_version
 from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.contract.names import FIXED, FIXES_ENV, STOCK
 
 logger = logging.getLogger(__name__)
 
-STOCK = "stock"
-FIXED = "fixed"
-ENV_VAR = "SCHEDTRACE_FIXES"
 VARIANT_NAMES: tuple[str, ...] = (STOCK, FIXED, *FIX_NAMES)
 
 _prepared: dict[str, PreparedFix] = {}
@@ -108,7 +106,7 @@ def install_fixes_from_env(environ: dict[str, str] | None = None) -> dict[str, E
     For live servers: called from the sglang plugin ``register()`` in every
     sglang process. Unset or empty does nothing.
     """
-    value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+    value = (os.environ if environ is None else environ).get(FIXES_ENV, "").strip()
     if not value:
         return {}
     fixes = parse_variant(FIXED if value == "all" else value)
@@ -116,7 +114,7 @@ def install_fixes_from_env(environ: dict[str, str] | None = None) -> dict[str, E
     if statuses:
         logger.warning(
             "schedtrace: %s=%s: %s (sglang %s, pid %d)",
-            ENV_VAR,
+            FIXES_ENV,
             value,
             ", ".join(f"{fix} {status.value.replace('patchable', 'applied')}" for fix, status in statuses.items()),
             sglang_version(),
