@@ -66,6 +66,17 @@ class Header(_Record, tag="header"):
     # Grid a truncated prefill cut lands on (sglang's mamba_prefill_chunk_grid():
     # > 1 only with DCP and the mamba extra buffer); 1 leaves cuts alone.
     mamba_chunk_grid: int = 1
+    # One server start: every rank's files share run_id; ranks and sizes come
+    # from sglang.srt.runtime_context.get_parallel() (attn_dp_rank None: no DP attention).
+    run_id: str = ""
+    tp_size: int = 1
+    dp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    attn_tp_rank: int = 0
+    attn_tp_size: int = 1
+    attn_dp_rank: int | None = None
+    attn_dp_size: int = 1
 
 
 # --- pass (one scheduling pass that could admit work) -------------------------
@@ -220,6 +231,13 @@ class Aiter(_Record, tag="aiter"):
     pass_seq: int = -1  # last pass record written before it
 
 
+class Clock(_Record, tag="clock"):
+    """A wall/monotonic pair, written periodically, so ranks share one timeline."""
+
+    t_ns: int  # monotonic ns since the header's start
+    wall_ns: int  # time.time_ns() at the same instant
+
+
 class Idle(_Record, tag="idle"):
     """Idle passes folded since the previous record (written before the next one)."""
 
@@ -253,12 +271,12 @@ class Footer(_Record, tag="footer"):
 
 
 Record = Union[
-    Header, Pass, Arrival, Finish, Abort, Retract, Alloc, Aiter, Idle, Loss, HookError, Footer
+    Header, Pass, Arrival, Finish, Abort, Retract, Alloc, Aiter, Clock, Idle, Loss, HookError, Footer
 ]
 RECORD_TYPES: Final[dict[str, type]] = {
     cls.__struct_config__.tag: cls for cls in Record.__args__  # type: ignore[attr-defined]
 }
-EVENT_TYPES: Final = (Arrival, Finish, Abort, Retract, Alloc, Aiter, Idle, Loss, HookError)
+EVENT_TYPES: Final = (Arrival, Finish, Abort, Retract, Alloc, Aiter, Clock, Idle, Loss, HookError)
 
 # The last bytes of a cleanly closed file: ["tail", <footer offset as uint64>].
 TAIL_TAG: Final = "tail"
