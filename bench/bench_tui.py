@@ -7,7 +7,8 @@ measured in the same run (machines here are noisy: read the ratios), as the
 median of ``--runs`` fresh child processes (small and big interleaved, so
 both see the same noise). Targets for the big trace: first paint <= 1.5 s,
 jump <= 50 ms, RSS < 400 MB. Generated traces are kept in --dir and reused
-(same seed, same bytes).
+(same seed, same bytes) while the trace contract's source is unchanged; its
+digest is in their names, so a trace an older format wrote is never timed.
 
 What is timed is the app, not the test harness: every frame the app hands
 to its driver is timestamped (and serialised to terminal bytes, as a real
@@ -46,10 +47,23 @@ TARGETS = {"first_paint_s": 1.5, "jump_ms": 50.0, "rss_mb": 400.0}
 FIGURES = ("first_paint_s", "jump_ms", "jump_first_ms", "jump_in_scan_ms", "rss_mb", "scan_s")
 
 
+def contract_digest() -> str:
+    """A digest of the trace contract's source: a kept trace written by other code is not reused."""
+    import hashlib
+
+    from schedtrace.tracer import contract
+
+    digest = hashlib.sha1()
+    for source in sorted(Path(contract.__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def ensure_trace(directory: Path, passes: int) -> tuple[Path, Path]:
     from schedtrace.tracer.contract.synthetic import generate
 
-    trace, report = directory / f"bench-{passes}.trace", directory / f"bench-{passes}.json"
+    stem = f"bench-{passes}-{contract_digest()}"
+    trace, report = directory / f"{stem}.trace", directory / f"{stem}.json"
     if not (trace.exists() and report.exists()):
         started = time.perf_counter()
         generate(trace, passes, seed=7, report_path=report)

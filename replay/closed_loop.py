@@ -11,11 +11,15 @@ finish at their recorded output lengths (``finish`` events).
 Closed-loop pass numbers continue from ``from_pass``: pass ``from_pass + k``
 is the k-th scheduling step after it. Everything is deterministic: the same
 trace and arms give the same result.
+
+On a hybrid trace every pool evolves (``schedtrace.replay.loop_pools``: the
+SWA side, the mamba state slots), and every step checks that no pool made or
+lost a unit (``LoopState.pool_totals``): a failed check is a model bug and
+raises ``ReplayStateError`` naming the pool and the pass.
 """
 
 from __future__ import annotations
 
-import bisect as _bisect
 import os
 from dataclasses import dataclass, field, replace
 from typing import Final
@@ -23,6 +27,8 @@ from typing import Final
 import msgspec
 
 from schedtrace.tracer.analysis.decision import replay_inputs
+from schedtrace.replay.loop_pools import FULL_POOL, LoopPools, swa_window_tokens
+from schedtrace.replay.pass_clock import PassClock
 from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, to_pass, with_outputs
 from schedtrace.tracer.contract.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
@@ -31,59 +37,7 @@ from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
 
-DEFAULT_PASS_NS: Final = 1_000_000  # pass period when the trace has too few passes to tell
 MAX_ERRORS_LISTED: Final = 20  # per arm; ``exceptions`` still counts them all
-
-
-# ------------------------------------------------------------------- clock
-
-
-class PassClock:
-    """Recorded time <-> scheduler pass number, idle and folded passes included.
-
-    Built from (pass number, t_ns) points; times between points are linear,
-    times after the last point go on at the trace's mean pass period.
-    """
-
-    def __init__(self, points: list[tuple[int, int]]) -> None:
-        self.iterations: list[int] = []
-        self.times: list[int] = []
-        for iteration, t_ns in points:
-            if self.times:
-                t_ns = max(t_ns, self.times[-1])  # untrusted clocks never run backwards here
-            self.iterations.append(iteration)
-            self.times.append(t_ns)
-        span_it = self.iterations[-1] - self.iterations[0] if points else 0
-        span_ns = self.times[-1] - self.times[0] if points else 0
-        self.period_ns = span_ns // span_it if span_it > 0 and span_ns > 0 else DEFAULT_PASS_NS
-        self.period_ns = max(self.period_ns, 1)
-
-    def iteration_at(self, t_ns: int) -> int:
-        """The first pass that starts at or after ``t_ns``."""
-        if not self.times:
-            return 0
-        i = _bisect.bisect_right(self.times, t_ns) - 1
-        if i < 0:
-            return self.iterations[0]
-        if self.times[i] == t_ns:
-            return self.iterations[_bisect.bisect_left(self.times, t_ns)]
-        if i == len(self.times) - 1:
-            return self.iterations[i] + -(-(t_ns - self.times[i]) // self.period_ns)
-        d_it = self.iterations[i + 1] - self.iterations[i]
-        d_t = self.times[i + 1] - self.times[i]
-        return self.iterations[i] + -(-(t_ns - self.times[i]) * d_it // d_t)
-
-    def time_at(self, iteration: int) -> int:
-        if not self.times:
-            return iteration * self.period_ns
-        i = _bisect.bisect_right(self.iterations, iteration) - 1
-        if i < 0:
-            return self.times[0]
-        if i == len(self.iterations) - 1:
-            return self.times[i] + (iteration - self.iterations[i]) * self.period_ns
-        d_it = self.iterations[i + 1] - self.iterations[i]
-        d_t = self.times[i + 1] - self.times[i]
-        return self.times[i] + (iteration - self.iterations[i]) * d_t // d_it
 
 
 # ------------------------------------------------------------------- input
@@ -109,6 +63,10 @@ class LoopInput:
     @property
     def radix_cache(self) -> bool:
         return not self.header.server_args.disable_radix_cache
+
+    @property
+    def pools(self) -> LoopPools:
+        return LoopPools.of(self.header)
 
 
 @dataclass
@@ -165,7 +123,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     start = replay_inputs(reader.pass_at(from_pass))
     # The index and the scan disagree only on a torn file: then the last point.
     start_iteration = scan.points[min(from_pass, len(scan.points) - 1)][0] if scan.points else 0
-    initial = initial_state(start, scan.targets)
+    header = reader.header
+    initial = initial_state(start, scan.targets, LoopPools.of(header), page_size=max(1, header.server_args.page_size))
     known = {r.rid for r in (*initial.waiting, *initial.running)}
     if initial.chunked is not None:
         known.add(initial.chunked.rid)
@@ -212,8 +171,28 @@ def _arrival_req(event: Arrival, targets: dict[str, int]) -> LoopReq:
     return _loop_req(event, targets, priority=event.priority)
 
 
-def initial_state(p: Pass, targets: dict[str, int]) -> LoopState:
-    """The loop state at a recorded pass's entry."""
+def initial_state(
+    p: Pass, targets: dict[str, int], pools: LoopPools = FULL_POOL, *, page_size: int = 1
+) -> LoopState:
+    """The loop state at a recorded pass's entry.
+
+    What each request holds of the hybrid pools is not recorded: a running
+    request is taken to hold its window on the SWA side (its older tokens
+    already slid out) and a chunked one all it prefilled (a prefill slides
+    only without a radix cache); each holds ``mamba_slots_per_req`` slots.
+    """
+    kv = p.kv
+    swa = pools.paged_swa and kv.swa_available is not None
+    mamba = pools.mamba_slots_per_req > 0 and kv.mamba_available is not None
+
+    def held(tokens: int, window_only: bool) -> dict[str, int]:
+        out = {"kv_tokens": tokens, "kv_held": tokens}
+        if swa:
+            out["swa_held"] = swa_window_tokens(tokens, pools.swa_window, page_size) if window_only else tokens
+        if mamba:
+            out["mamba_held"] = pools.mamba_slots_per_req
+        return out
+
     waiting = [
         _loop_req(w, targets, output_len=w.output_len, prefix_len=w.prefix_len, priority=w.priority)
         for w in p.waiting
@@ -222,23 +201,25 @@ def initial_state(p: Pass, targets: dict[str, int]) -> LoopState:
     for r in p.running:
         # KV holds the prompt and every output but the newest (decoded next pass).
         tokens = r.input_len + max(r.output_len - 1, 0)
-        running.append(_loop_req(r, targets, output_len=r.output_len, kv_tokens=tokens, kv_held=tokens))
+        running.append(_loop_req(r, targets, output_len=r.output_len, **held(tokens, True)))
     c = p.chunked
     chunked = (
         None
         if c is None
-        else _loop_req(
-            c, targets, output_len=c.output_len, prefix_len=c.prefix_len, kv_tokens=c.prefix_len, kv_held=c.prefix_len
-        )
+        else _loop_req(c, targets, output_len=c.output_len, prefix_len=c.prefix_len, **held(c.prefix_len, False))
     )
     return LoopState(
         waiting=waiting,
         running=running,
         chunked=chunked,
         batch_is_full=p.batch_is_full_in,
-        free=p.kv.available,
-        evictable=p.kv.evictable,
+        free=kv.available,
+        evictable=kv.evictable,
         req_slots_free=p.req_slots_free,
+        swa_free=kv.swa_available if swa else None,
+        swa_evictable=(kv.swa_evictable or 0) if swa else None,
+        mamba_free=kv.mamba_available if mamba else None,
+        mamba_evictable=(kv.mamba_evictable or 0) if mamba else None,
     )
 
 
@@ -297,6 +278,8 @@ def run_arm(
     stuck_at: int | None = None
     same_for = 0
     start = loop.start
+    pools = loop.pools
+    totals = state.pool_totals()
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
         while next_arrival < len(pending) and pending[next_arrival][0] <= step:
@@ -327,6 +310,7 @@ def run_arm(
                 t_ns=loop.clock.time_at(loop.start_iteration + step),
                 new_token_ratio=start.new_token_ratio,
                 chunked_prefill_size=start.chunked_prefill_size,
+                pools=pools,
             )
             p = msgspec.structs.replace(p, idle_before=idle)
             idle = 0
@@ -339,14 +323,15 @@ def run_arm(
                     errors.append(ArmError(pass_=seq, error=decision.error))
         before = state.signature()
         state, result = apply_decision(
-            state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache
+            state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools
         )
+        _check_totals(totals, state, seq)
         if recorded:
             # A pass that failed admitted nothing, whatever the adder had picked.
             effective.append(
                 msgspec.structs.replace(decision, admitted=[], chunk_size=None) if result.failed else decision
             )
-        if decision.over_ask > 0 or result.kv_shortfall > 0:
+        if decision.over_ask > 0 or result.kv_shortfall > 0 or result.mamba_shortfall > 0:
             over_asks += 1
         completed += len(result.finished)
         for rid in result.admitted:
@@ -368,11 +353,11 @@ def run_arm(
                 last = run.passes[-1]
                 run.passes[-1] = msgspec.structs.replace(last, repeat=last.repeat + skip)
                 exceptions += skip if decision.error is not None else 0
-                over_asks += skip if decision.over_ask > 0 or result.kv_shortfall > 0 else 0
+                over_asks += skip if decision.over_ask > 0 or result.kv_shortfall > 0 or result.mamba_shortfall > 0 else 0
             else:
                 idle += skip
             step += skip
-    run.stalls = find_stalls(run.passes, effective, stall_passes, loop.header.server_args.max_running_requests)
+    run.stalls = find_stalls(run.passes, effective, stall_passes, loop.header)
     left = len(state.waiting) + len(state.running) + (state.chunked is not None) + (len(pending) - next_arrival)
     run.outcome = ArmOutcome(
         stalls=len(run.stalls),
@@ -393,6 +378,16 @@ def run_arm(
         stuck_at=stuck_at,
     )
     return run
+
+
+def _check_totals(totals: dict[str, int], state: LoopState, seq: int) -> None:
+    """The self-check: a step moves pool units between free, evictable and requests, nothing more."""
+    now = state.pool_totals()
+    for pool, total in totals.items():
+        if now.get(pool) != total:
+            raise ReplayStateError(
+                f"closed loop, pass {seq}: the {pool} pool holds {now.get(pool)} units, not {total} (a loop_state bug)"
+            )
 
 
 # ------------------------------------------------------------------ entry

@@ -37,6 +37,16 @@ exec config; other code on the pass reads those too (DCP KV-shard scratch,
 mamba budgets) for state a trace does not hold, so replay injects exactly the
 one recorded value and nothing else.
 
+Hybrid pools (``schedtrace.replay.hybrid``): an SWA trace runs on a real
+``SWATokenToKVPoolAllocator`` stand-in (so ``SWAPrefillBudget`` sizes
+admission and the scheduler's ``is_hybrid_swa`` branch resets
+``batch_is_full``), a mamba trace on a request pool with a
+``MambaSlotAllocator`` stand-in and a tree that ``supports_mamba()`` (the
+budget then reads ``full_evictable_size``). The recorded
+``Header.exact_chunk_fill`` is injected like the grid, through
+``schedule_policy._use_exact_chunk_fill``: it depends on the recording
+host's hardware. ``over_ask`` counts an SWA allocation's shorter side.
+
 Not thread-safe: the variant patches and the stop hook touch process-global
 functions, so calls are serialised by a module lock.
 """
@@ -48,20 +58,19 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
-
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.replay.variants import active_fixes, parse_variant, set_active
+from schedtrace.replay.hybrid import MAMBA, SWA, pool_family
 from schedtrace.replay.state import (
     RecordedAllocator,
+    RecordedHybridReqSlots,
     RecordedReqSlots,
+    RecordedSWAAllocator,
     RecordedTreeCache,
-    TokenSource,
-    chunked_req,
-    running_req,
-    waiting_req,
 )
+from schedtrace.replay.requests import ReqCache, TokenSource, chunked_req, running_req, waiting_req
 from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.contract.names import error_text  # "Type: message", as the recorder writes Pass.error
 from schedtrace.tracer.contract.schema import Aiter, Header, Pass
 
 _LOCK = threading.RLock()
@@ -76,11 +85,6 @@ class _AdmissionDone(Exception):
 
 def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
     raise _AdmissionDone(list(reqs))
-
-
-def error_text(exc: BaseException) -> str:
-    """``"Type: message"`` exactly as the recorder writes ``Pass.error``."""
-    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def _fixes_of(variant: str) -> frozenset[str]:
@@ -170,10 +174,7 @@ class PassDriver:
         from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
 
         args = header.server_args
-        if header.is_hybrid_swa or header.is_hybrid_mamba:
-            raise ReplayStateError(
-                "hybrid SWA/Mamba pools are not replayable yet: the trace records only the full pool's state"
-            )
+        family = pool_family(header)  # refuses pools replay cannot rebuild
         self.header = header
         self.page_size = max(1, args.page_size)
         self._scheduler_module = scheduler_module
@@ -193,13 +194,22 @@ class PassDriver:
                 "disable_radix_cache": args.disable_radix_cache,
             }
         )
-        self.allocator = RecordedAllocator(args.max_total_tokens or 0, self.page_size)
-        self.req_slots = RecordedReqSlots(slots)
+        layout = header.pools
+        if family == MAMBA:
+            self.req_slots = RecordedHybridReqSlots(slots, layout.mamba_size or 0)
+        else:
+            self.req_slots = RecordedReqSlots(slots)
+        if family == SWA:
+            self.allocator = RecordedSWAAllocator(layout, self.page_size, self.req_slots)
+        else:
+            self.allocator = RecordedAllocator(args.max_total_tokens or 0, self.page_size)
         self.tree_cache = RecordedTreeCache(
             disable=args.disable_radix_cache,
             page_size=self.page_size,
             allocator=self.allocator,
             req_slots=self.req_slots,
+            mamba=family == MAMBA,
+            sliding_window=layout.sliding_window if family == SWA else None,
         )
         with self._config.installed():
             self.policy = SchedulePolicy(
@@ -212,8 +222,10 @@ class PassDriver:
         self.scheduler = self._new_scheduler()
         grid = self.mamba_chunk_grid
         self._grid_lookup = lambda: grid
+        exact = header.exact_chunk_fill
+        self._exact_fill_lookup = lambda: exact
         self._stop_init_new = classmethod(_stop_init_new)
-        self._reset_caches()
+        self._reqs = ReqCache()  # Reqs reused across passes (schedtrace.replay.requests)
 
     # ------------------------------------------------------------------ setup
 
@@ -227,7 +239,7 @@ class PassDriver:
         s = Scheduler.__new__(Scheduler)
         s.grammar_manager = SimpleNamespace(has_waiting_grammars=lambda: False)
         s.enable_priority_preemption = False
-        s.is_hybrid_swa = False
+        s.is_hybrid_swa = self.header.is_hybrid_swa  # resets batch_is_full every pass
         s.min_free_slots_delayer = None
         s.processed_tokens_counter = 0
         s.dynamic_chunk_sizer = None
@@ -273,81 +285,33 @@ class PassDriver:
         budget.available_chunk_tokens = available_chunk_tokens
         return adder
 
-    # Building a real ``Req`` (~30 us) dominates a pass, so Reqs are reused
-    # across passes where sglang itself keeps the same object alive:
-    # * running requests are only read before admission ends; one Req per
-    #   (rid, input_len, max_new_tokens, ignore_eos) gets the pass's output
-    #   length set in place;
-    # * a waiting request lives in the real queue across passes and every pass
-    #   re-derives its admission state (``init_next_round_input``), so a Req
-    #   built for an identical row is reused until a pass admits it (or the
-    #   pass raises); admitted Reqs were changed by admission and are dropped.
-    # Token ids come from one ``TokenSource`` for the driver's life, so every
-    # rid keeps one distinct id and reused and new Reqs never share a prefix.
-    _CACHE_LIMIT = 8192
-
-    def _reset_caches(self) -> None:
-        self._tokens = TokenSource()
-        self._running_cache = {}
-        self._waiting_cache = {}
-
-    def _running_req(self, tokens: TokenSource, r) -> Any:
-        key = (r.rid, r.input_len, r.max_new_tokens, r.ignore_eos)
-        req = self._running_cache.get(key)
-        if req is None:
-            req = self._running_cache[key] = running_req(tokens, r)
-        else:
-            output = req.output_ids  # decode grew it since the last pass: resize in place
-            have = len(output)
-            if have < r.output_len:
-                output.extend([tokens.token_for(r.rid)] * (r.output_len - have))
-            elif have > r.output_len:
-                del output[r.output_len :]
-        return req
-
-    def _waiting_req(self, tokens: TokenSource, w, order: int) -> Any:
-        key = msgspec.structs.astuple(w)
-        req = self._waiting_cache.get(key)
-        if req is None:
-            req = self._waiting_cache[key] = waiting_req(tokens, w, order)
-        else:
-            req.time_stats.wait_queue_entry_time = float(order)
-        return req
-
     def _load(self, p: Pass, *, reuse: bool = False) -> tuple[list, Any, Any]:
         """Real sglang state for ``p``. ``reuse``: take Reqs from the caches
-        (then the caller must ``_release`` what the pass admitted)."""
+        (then the caller must ``release`` what the pass admitted)."""
         ScheduleBatch = self._ScheduleBatch
         if reuse:
-            if len(self._waiting_cache) + len(self._running_cache) > self._CACHE_LIMIT:
-                self._reset_caches()
-            tokens = self._tokens
-            waiting = [self._waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
-            running = [self._running_req(tokens, r) for r in p.running]
+            waiting, running = self._reqs.reqs(p)
+            tokens = self._reqs.tokens
         else:
             tokens = TokenSource()
             waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
             running = [running_req(tokens, r) for r in p.running]
         chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
         batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
-        self.allocator.available = p.kv.available
-        self.req_slots.free = p.req_slots_free
+        kv = p.kv
+        self.req_slots.load(p.req_slots_free, kv)
+        self.allocator.load(kv)
         self.tree_cache.load(
-            p.kv.evictable,
+            kv.evictable,
             {w.rid: w.prefix_len for w in p.waiting},
             {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None},
+            swa_evictable=kv.swa_evictable or 0,
+            mamba_evictable=kv.mamba_evictable or 0,
+            swa_locked_by_rid={
+                c.rid: c.locked_swa_evictable for c in p.candidates if c.locked_swa_evictable is not None
+            },
         )
         return waiting, batch, chunked
-
-    def _release(self, p: Pass, waiting: list, admitted_reqs: list | None) -> None:
-        """Drop from the waiting cache every Req this pass changed beyond re-derivable state."""
-        if admitted_reqs is not None and not admitted_reqs:
-            return
-        changed = None if admitted_reqs is None else {id(r) for r in admitted_reqs}
-        cache = self._waiting_cache
-        for w, req in zip(p.waiting, waiting):
-            if changed is None or id(req) in changed:
-                cache.pop(msgspec.structs.astuple(w), None)
 
     # --------------------------------------------------------------- decide
 
@@ -369,11 +333,13 @@ class PassDriver:
             original_init_new = ScheduleBatch.__dict__["init_new"]
             policy_module = self._policy_module
             original_grid = policy_module.__dict__["mamba_prefill_chunk_grid"]
+            original_exact_fill = policy_module.__dict__["_use_exact_chunk_fill"]
             # The context managers of installed()/applied()/_recorded_grid, inlined:
             # this runs twice per pass and more on divergent ones.
             saved_config = self._config.swap_in()
             previous_fixes = _switch_fixes(fixes)
             policy_module.mamba_prefill_chunk_grid = self._grid_lookup
+            policy_module._use_exact_chunk_fill = self._exact_fill_lookup
             ScheduleBatch.init_new = self._stop_init_new
             try:
                 s._get_new_batch_prefill_raw(None, batch)
@@ -385,10 +351,11 @@ class PassDriver:
             finally:
                 ScheduleBatch.init_new = original_init_new
                 policy_module.mamba_prefill_chunk_grid = original_grid
+                policy_module._use_exact_chunk_fill = original_exact_fill
                 _switch_fixes(previous_fixes)
                 self._config.swap_out(saved_config)
             decision = self._decision(batch, chunked, admitted_reqs, error)
-            self._release(p, waiting, admitted_reqs if error is None else None)
+            self._reqs.release(p, waiting, admitted_reqs if error is None else None)
             return decision
 
     def _decision(self, batch, chunked, admitted_reqs, error) -> Decision:
@@ -422,9 +389,10 @@ class PassDriver:
         extend = sum(r.extend_len for r in admitted_reqs)
         # Paged allocation evicts for one spare page per request (alloc_paged_token_slots_extend).
         requested = extend if self.page_size == 1 else extend + len(admitted_reqs) * self.page_size
-        # Admission pinned the admitted prefixes, so the evictable count is what is left now.
-        capacity = self.allocator.available + self.tree_cache.evictable
-        return max(0, requested - capacity)
+        # Admission pinned the admitted prefixes, so the evictable counts are what is left now.
+        # An SWA allocator pages the extend on both sides (alloc_extend): the shorter one binds.
+        full, swa = self.allocator.capacity(self.tree_cache)
+        return max(0, requested - full, 0 if swa is None else requested - swa)
 
     # ---------------------------------------------------------------- aiter
 

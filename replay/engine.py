@@ -30,6 +30,7 @@ import msgspec
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
 from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields
 from schedtrace.replay.driver import PassDriver
+from schedtrace.replay.hybrid import fix_notes
 from schedtrace.replay.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
@@ -135,11 +136,11 @@ class _Replayer:
             fixes = [fix for fix in _fix_names() if not divergence_kinds(self._decide(p, fix), new)]
             self._divergence(record.seq, record.t_ns, kinds, old, new, fixes)
         head = p.waiting[0].rid if p.waiting else None
-        max_running = self.driver.header.server_args.max_running_requests
+        header = self.driver.header
         chunk.stall_rows.append(
             _StallRow(
                 record.seq, record.repeat, record.idle_before, head,
-                is_stalled(p, old, max_running), is_stalled(p, new, max_running),
+                is_stalled(p, old, header), is_stalled(p, new, header),
             )
         )
 
@@ -173,6 +174,14 @@ class _Replayer:
             self._divergence(event.pass_seq, event.t_ns, kinds, old, new, fixes)
 
 
+def _driver(path, header) -> PassDriver:
+    """The trace's driver; pools replay cannot rebuild are named with the file."""
+    try:
+        return PassDriver(header)
+    except ReplayStateError as exc:
+        raise ReplayStateError(f"{path}: {exc}") from None
+
+
 def _replay_range(reader: TraceReader, replayer: _Replayer, start: int, stop: int | None, on_pass: Callable[[], None] | None = None) -> None:
     """Replay the records from byte offset ``start`` up to (not including) ``stop``."""
     for offset, record in reader.records(start):
@@ -190,7 +199,7 @@ def _worker(args: tuple[str, str, str, int, int | None]) -> bytes:
     """One range in a worker process; msgpack out (no pickled objects)."""
     path, old, new, start, stop = args
     with TraceReader(path) as reader:
-        replayer = _Replayer(PassDriver(reader.header), old, new)
+        replayer = _Replayer(_driver(path, reader.header), old, new)
         _replay_range(reader, replayer, start, stop)
         replayer.chunk.unknown_records = dict(reader.unknown_records)
         replayer.chunk.truncated_at = reader.truncated_at
@@ -243,6 +252,7 @@ def replay_trace(
     warnings: list[str] = []
     with TraceReader(path) as reader:
         header = reader.header
+        driver = _driver(path, header)  # before any work: refuses pools it cannot rebuild
         installed = sglang_version()
         if header.sglang_version != installed:
             message = f"trace recorded with sglang {header.sglang_version}, replaying with {installed}"
@@ -279,7 +289,7 @@ def replay_trace(
             if on_progress is not None:
                 on_progress(total, total)
         else:
-            replayer = _Replayer(PassDriver(header), old, new, on_divergence)
+            replayer = _Replayer(driver, old, new, on_divergence)
             _replay_range(reader, replayer, 0, None, tick)
             result = replayer.chunk
             if on_progress is not None:
@@ -291,7 +301,7 @@ def replay_trace(
 
     stalls = {}
     for arm, attr in ((old, "stalled_old"), (new, "stalled_new")):
-        scanner = StallScanner(stall_passes, header.server_args.max_running_requests)
+        scanner = StallScanner(stall_passes, header)
         for row in result.stall_rows:
             scanner.feed(row.seq, row.repeat, row.idle_before, getattr(row, attr), row.head_rid)
         stalls[arm] = scanner.finish()
@@ -311,4 +321,5 @@ def replay_trace(
         errors=errors,
         aiter_events=result.aiter_events,
         warnings=warnings,
+        fix_notes=fix_notes(header),
     )

@@ -21,6 +21,11 @@ finishes). ``to_pass`` turns it into the ``Pass`` the driver decides on;
 
 A pass that raised, or whose allocation cannot be met, admits nothing
 (the real allocator would have failed it); decode still runs.
+
+Hybrid traces evolve every pool (``schedtrace.replay.loop_pools``): the SWA
+side and the mamba state slots are held per request beside the full KV,
+each admission must fit every pool, and ``pool_totals`` (free + evictable +
+held, per pool) never changes: the closed loop checks that on every step.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from dataclasses import dataclass, field, replace
 
 import msgspec
 
+from schedtrace.replay.loop_pools import (  # ceil_page: re-exported
+    FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa, swa_window_tokens,
+)
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import (
     Admitted,
@@ -53,6 +61,8 @@ class LoopReq:
     kv_held: int = 0  # page-rounded tokens held
     priority: int | None = None
     ignore_eos: bool = False
+    swa_held: int = 0  # page-rounded tokens held on the SWA side (paged SWA pools)
+    mamba_held: int = 0  # mamba state slots held (the state and its tracking buffers)
 
     @property
     def fill_len(self) -> int:
@@ -69,17 +79,33 @@ class LoopState:
     free: int
     evictable: int
     req_slots_free: int
+    # Hybrid pools (None: the model has none): paged SWA tokens, mamba state slots.
+    swa_free: int | None = None
+    swa_evictable: int | None = None
+    mamba_free: int | None = None
+    mamba_evictable: int | None = None
 
     def copy(self) -> LoopState:
-        return LoopState(
+        return replace(
+            self,
             waiting=[replace(r) for r in self.waiting],
             running=[replace(r) for r in self.running],
             chunked=replace(self.chunked) if self.chunked is not None else None,
-            batch_is_full=self.batch_is_full,
-            free=self.free,
-            evictable=self.evictable,
-            req_slots_free=self.req_slots_free,
         )
+
+    def requests(self) -> list[LoopReq]:
+        chunked = [self.chunked] if self.chunked is not None else []
+        return [*self.waiting, *self.running, *chunked]
+
+    def pool_totals(self) -> dict[str, int]:
+        """Free + evictable + held of every pool: a step moves units, never makes or loses them."""
+        reqs = self.requests()
+        totals = {"full": self.free + self.evictable + sum(r.kv_held for r in reqs)}
+        if self.swa_free is not None:
+            totals["swa"] = self.swa_free + (self.swa_evictable or 0) + sum(r.swa_held for r in reqs)
+        if self.mamba_free is not None:
+            totals["mamba"] = self.mamba_free + (self.mamba_evictable or 0) + sum(r.mamba_held for r in reqs)
+        return totals
 
     def signature(self) -> tuple:
         """Everything a decision depends on; equal signatures give equal decisions."""
@@ -95,6 +121,10 @@ class LoopState:
             self.free,
             self.evictable,
             self.req_slots_free,
+            self.swa_free,
+            self.swa_evictable,
+            self.mamba_free,
+            self.mamba_evictable,
         )
 
     @property
@@ -112,11 +142,8 @@ class StepResult:
     retracted: list[str] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)  # ran on part of the prompt (untracked chunk)
     failed: bool = False  # raised or could not allocate: admitted nothing
-    kv_shortfall: int = 0  # tokens the admission asked beyond free + evictable
-
-
-def ceil_page(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size) * page_size
+    kv_shortfall: int = 0  # tokens the admission asked beyond free + evictable (the SWA side's too)
+    mamba_shortfall: int = 0  # mamba state slots it asked beyond free + evictable
 
 
 # ----------------------------------------------------------------- to Pass
@@ -129,9 +156,13 @@ def to_pass(
     t_ns: int,
     new_token_ratio: float,
     chunked_prefill_size: int | None,
+    pools: LoopPools = FULL_POOL,
 ) -> Pass:
     """The synthetic pass record of ``state`` (inputs only; outputs empty)."""
     chunked = state.chunked
+    swa_free, swa_evictable = state.swa_free, state.swa_evictable
+    if pools.swa_ring_cost:  # a ring per request slot: what SWATokenToKVPoolAllocator reports
+        swa_free, swa_evictable = state.req_slots_free * pools.swa_ring_cost, 0
     return Pass(
         seq=seq,
         t_ns=t_ns,
@@ -173,7 +204,14 @@ def to_pass(
             else None
         ),
         batch_is_full_in=state.batch_is_full,
-        kv=KvSnapshot(available=state.free, evictable=state.evictable),
+        kv=KvSnapshot(
+            available=state.free,
+            evictable=state.evictable,
+            swa_available=swa_free,
+            swa_evictable=swa_evictable,
+            mamba_available=state.mamba_free,
+            mamba_evictable=state.mamba_evictable,
+        ),
         req_slots_free=state.req_slots_free,
         new_token_ratio=new_token_ratio,
         chunked_prefill_size=chunked_prefill_size,
@@ -210,24 +248,6 @@ def replace_pass(p: Pass, **changes) -> Pass:
 # ------------------------------------------------------------- evolution
 
 
-class _Kv:
-    """Free and evictable KV; allocation evicts when free runs out."""
-
-    def __init__(self, free: int, evictable: int) -> None:
-        self.free = free
-        self.evictable = evictable
-
-    def fits(self, tokens: int) -> bool:
-        return tokens <= self.free + self.evictable
-
-    def take(self, tokens: int) -> None:
-        if tokens > self.free:
-            evict = tokens - self.free
-            self.evictable -= evict
-            self.free += evict
-        self.free -= tokens
-
-
 def _admission_need(state: LoopState, decision: Decision, page_size: int) -> tuple[int, dict[str, int]]:
     """Tokens the pass allocates, and each admitted request's extend."""
     by_rid = {r.rid: r for r in state.waiting}
@@ -254,49 +274,59 @@ def apply_decision(
     *,
     page_size: int,
     radix_cache: bool,
+    pools: LoopPools = FULL_POOL,
 ) -> tuple[LoopState, StepResult]:
     """The state at the next pass's entry after ``decision`` and one forward step."""
     state = state.copy()
     result = StepResult()
-    kv = _Kv(state.free, state.evictable)
+    step = StepPools.of(state, pools, page_size, radix_cache)
     prefilled: list[LoopReq] = []  # prefills completed this pass: they run from the next pass
 
     need, extends = _admission_need(state, decision, page_size)
+    # The SWA side pages the same new pages; each new request takes its mamba slots.
+    slots = len(extends) * pools.mamba_slots_per_req
+    shortfall = step.kv.shortfall(need)
+    if step.swa is not None:
+        shortfall = max(shortfall, step.swa.shortfall(need))
+    mamba_shortfall = step.mamba.shortfall(slots) if step.mamba is not None else 0
     if decision.error is not None:
         result.failed = True
-    elif decision.over_ask > 0 or not kv.fits(need):
+    elif decision.over_ask > 0 or shortfall or mamba_shortfall:
         result.failed = True
-        result.kv_shortfall = max(decision.over_ask, need - kv.free - kv.evictable)
+        result.kv_shortfall = max(decision.over_ask, shortfall)
+        result.mamba_shortfall = mamba_shortfall
     else:
         state.batch_is_full = decision.batch_is_full
-        _advance_chunk(state, decision, kv, page_size, prefilled)
-        _admit(state, decision, extends, kv, page_size, prefilled, result)
+        _advance_chunk(state, decision, step, prefilled)
+        _admit(state, decision, extends, step, prefilled, result)
 
     decoding = state.running
     state.running = []
-    shrank = _decode(state, decoding, kv, page_size, result)
+    shrank = _decode(state, decoding, step, result)
     for req in prefilled:
         req.output_len += 1  # the prefill's forward samples the first token
         state.running.append(req)
     for req in decoding + prefilled:
         if req in state.running and req.output_len >= req.target_output:
             state.running.remove(req)
-            _release(req, kv, radix_cache)
+            release(req, step, cached=radix_cache)
             state.req_slots_free += 1
             result.finished.append(req.rid)
             shrank = True
     if shrank:
         state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
-    state.free, state.evictable = kv.free, kv.evictable
+    step.store(state)
     return state, result
 
 
-def _advance_chunk(state: LoopState, decision: Decision, kv: _Kv, page_size: int, prefilled: list[LoopReq]) -> None:
+def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefilled: list[LoopReq]) -> None:
     chunked = state.chunked
     if chunked is None or not decision.chunk_size:
         return
+    if not step.radix_cache:
+        slide_swa(chunked, chunked.prefix_len, step, interval=0)  # extend eviction without prefix sharing
     chunked.prefix_len += decision.chunk_size
-    _hold(chunked, chunked.prefix_len, kv, page_size)
+    hold(chunked, chunked.prefix_len, step)
     if chunked.prefix_len >= chunked.fill_len:
         prefilled.append(chunked)
         state.chunked = None
@@ -306,23 +336,28 @@ def _admit(
     state: LoopState,
     decision: Decision,
     extends: dict[str, int],
-    kv: _Kv,
-    page_size: int,
+    step: StepPools,
     prefilled: list[LoopReq],
     result: StepResult,
 ) -> None:
     by_rid = {r.rid: r for r in state.waiting}
+    page_size = step.page_size
     for rid, extend in extends.items():
         req = by_rid[rid]
         state.waiting.remove(req)
         state.req_slots_free -= 1
         result.admitted.append(rid)
-        # The matched prefix is pinned: it leaves the evictable count.
-        cached = min(ceil_page(req.prefix_len, page_size), kv.evictable)
-        kv.evictable -= cached
-        req.kv_held = cached
+        # The matched prefix is pinned: it leaves the evictable counts.
+        cached = ceil_page(req.prefix_len, page_size)
+        req.kv_held = step.kv.pin(cached)
+        window = step.pools.swa_window
+        if step.swa is not None and window is not None:
+            req.swa_held = step.swa.pin(swa_window_tokens(cached, window, page_size))
+        if step.mamba is not None:
+            req.mamba_held = step.pools.mamba_slots_per_req
+            step.mamba.take(req.mamba_held)
         req.prefix_len += extend
-        _hold(req, req.prefix_len, kv, page_size)
+        hold(req, req.prefix_len, step)
         if req.prefix_len >= req.fill_len:
             prefilled.append(req)
         elif rid == decision.new_chunked_rid:
@@ -335,47 +370,36 @@ def _admit(
             result.truncated.append(rid)
 
 
-def _hold(req: LoopReq, tokens: int, kv: _Kv, page_size: int) -> None:
-    held = ceil_page(tokens, page_size)
-    if held > req.kv_held:
-        kv.take(held - req.kv_held)
-        req.kv_held = held
-    req.kv_tokens = tokens
-
-
-def _decode(state: LoopState, decoding: list[LoopReq], kv: _Kv, page_size: int, result: StepResult) -> bool:
+def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: StepResult) -> bool:
     """One decode token for each of ``decoding``; retract until it fits. True if any left."""
     if not decoding:
         return False
+    page_size = step.page_size
 
     def growth(reqs: list[LoopReq]) -> int:
         return sum(ceil_page(r.kv_tokens + 1, page_size) - r.kv_held for r in reqs)
+
+    def fits(tokens: int) -> bool:
+        return step.kv.fits(tokens) and (step.swa is None or step.swa.fits(tokens))
 
     # sglang's retraction order: fewest outputs first, then the longest prompt;
     # at least one request always stays.
     keep = sorted(decoding, key=lambda r: (r.output_len, -r.input_len), reverse=True)
     retracted: list[LoopReq] = []
-    while len(keep) > 1 and not kv.fits(growth(keep)):
+    while len(keep) > 1 and not fits(growth(keep)):
         retracted.append(keep.pop())
     for req in retracted:
-        kv.free += req.kv_held
-        req.kv_held = req.kv_tokens = 0
+        release(req, step, cached=False)
+        req.kv_tokens = 0
         req.prefix_len = 0
         state.req_slots_free += 1
         state.waiting.append(req)
         result.retracted.append(req.rid)
     kept = [r for r in decoding if r not in retracted]
     for req in kept:
-        if kv.fits(ceil_page(req.kv_tokens + 1, page_size) - req.kv_held):
-            _hold(req, req.kv_tokens + 1, kv, page_size)
+        if fits(ceil_page(req.kv_tokens + 1, page_size) - req.kv_held):
+            hold(req, req.kv_tokens + 1, step)
             req.output_len += 1
+        slide_swa(req, req.kv_tokens, step, step.pools.swa_eviction_interval)
         state.running.append(req)
     return bool(retracted)
-
-
-def _release(req: LoopReq, kv: _Kv, radix_cache: bool) -> None:
-    if radix_cache:
-        kv.evictable += req.kv_held
-    else:
-        kv.free += req.kv_held
-    req.kv_held = 0

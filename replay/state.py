@@ -1,7 +1,7 @@
 """Rebuild real sglang scheduling state from one recorded pass.
 
 Real sglang objects everywhere the decision is made: ``Req`` (dummy token ids
-of the recorded lengths), ``ScheduleBatch`` for the running batch,
+of the recorded lengths, ``schedtrace.replay.requests``), ``ScheduleBatch`` for the running batch,
 ``SchedulePolicy``, ``PrefillAdder`` and ``PrefillBudget`` (built by the real
 allocator base class). Stand-ins exist only for the three stores whose
 contents a trace does not hold and whose answers it does record:
@@ -16,20 +16,30 @@ contents a trace does not hold and whose answers it does record:
   pinned by a running request); traces without it assume all of it was.
 * ``RecordedReqSlots``: the req_to_token pool; ``available_size()`` is the
   recorded free row count.
+
+Hybrid pools (``schedtrace.replay.hybrid``) get siblings of the same kind, so
+that sglang's own hybrid code runs on them: ``RecordedSWAAllocator`` is a real
+``SWATokenToKVPoolAllocator`` whose full and SWA sides are two
+``RecordedAllocator``s (its ``available_size``, ``swa_available_size``, ring
+accounting and ``create_prefill_budget`` -> ``SWAPrefillBudget`` are sglang's);
+``RecordedHybridReqSlots`` carries a ``RecordedMambaSlots`` (a real
+``MambaSlotAllocator`` reporting the recorded free state slots); the tree cache
+reports the SWA and mamba evictable counts and, for SWA, pins a candidate's
+prefix on both sides.
 """
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from schedtrace.replay.sglang_env import ensure_sglang_importable
 
 ensure_sglang_importable()
 
-from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     BasePrefixCache,
     DecLockRefResult,
@@ -37,42 +47,84 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     IncLockRefResult,
     MatchResult,
 )
-from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from schedtrace.tracer.contract.errors import ReplayStateError
-from schedtrace.tracer.contract.schema import ChunkedReq, RunningReq, WaitingReq
+from schedtrace.tracer.contract.schema import KvSnapshot, PoolLayout
 
-# Row index given to the in-flight chunked request: it already holds a
-# req_to_token row; the number itself is never read.
-_HELD_ROW = 0
+class _NeverAllocates:
+    """What the stand-in pools share: no tensors, and every allocation refused."""
 
+    what = "KV"
 
-class RecordedAllocator(BaseTokenToKVPoolAllocator):
-    """A KV allocator that reports the recorded free count and never allocates."""
-
-    def __init__(self, size: int, page_size: int) -> None:  # noqa: D107 - no super(): no tensors
-        self.size = size
+    def _no_tensors(self, page_size: int) -> None:
+        """The attributes sglang's allocator base sets, without building a pool."""
         self.page_size = page_size
         self.dtype = None
         self.device = "cpu"
         self._kvcache = None
         self.need_sort = False
-        self.free_pages = None
-        self.release_pages = None
-        self.free_group = None
+        self.free_pages = self.release_pages = self.free_group = None
+
+    def clear(self) -> None:
+        raise ReplayStateError(f"replay never allocates {self.what}")
+
+    def alloc(self, need_size: int):
+        raise ReplayStateError(f"replay never allocates {self.what}")
+
+    def free(self, free_index) -> None:
+        raise ReplayStateError(f"replay never frees {self.what}")
+
+
+class RecordedAllocator(_NeverAllocates, BaseTokenToKVPoolAllocator):
+    """A KV allocator that reports the recorded free count and never allocates."""
+
+    def __init__(self, size: int, page_size: int) -> None:  # noqa: D107 - no super(): no tensors
+        self.size = size
+        self._no_tensors(page_size)
         self.available = 0
+
+    def load(self, kv: KvSnapshot) -> None:
+        self.available = kv.available
 
     def available_size(self) -> int:
         return self.available
 
-    def clear(self) -> None:
-        raise ReplayStateError("replay never allocates KV")
+    def capacity(self, tree_cache: RecordedTreeCache) -> tuple[int, int | None]:
+        """(full, SWA) tokens an allocation can get now: free plus evictable."""
+        return self.available + tree_cache.evictable, None
 
-    def alloc(self, need_size: int):
-        raise ReplayStateError("replay never allocates KV")
 
-    def free(self, free_index) -> None:
-        raise ReplayStateError("replay never frees KV")
+class RecordedSWAAllocator(_NeverAllocates, SWATokenToKVPoolAllocator):
+    """sglang's SWA allocator over two recorded sides; it never allocates.
+
+    Only the attributes its capacity methods read are set (no ``super()``:
+    no tensors): the real ``available_size`` (the smaller side, or the full
+    side under a per-request ring), ``full_available_size``,
+    ``swa_available_size`` (free request slots times the ring under a ring),
+    ``size_swa`` and ``create_prefill_budget`` run as in the server.
+    """
+
+    def __init__(self, layout: PoolLayout, page_size: int, req_slots: RecordedReqSlots) -> None:  # noqa: D107
+        self._size_full = layout.full_size
+        self._size_swa = layout.swa_size or 0
+        self._no_tensors(page_size)
+        self.full_attn_allocator = RecordedAllocator(self._size_full, page_size)
+        self.swa_attn_allocator = RecordedAllocator(self._size_swa, page_size)
+        self._swa_req_ring = layout.swa_ring_cost > 0
+        self._swa_ring_cost = layout.swa_ring_cost
+        self._req_to_token_pool = req_slots
+
+    def load(self, kv: KvSnapshot) -> None:
+        if kv.swa_available is None and not self._swa_req_ring:
+            raise ReplayStateError("SWA trace: a pass without the SWA pool's free count (kv.swa_available)")
+        self.full_attn_allocator.available = kv.available
+        self.swa_attn_allocator.available = kv.swa_available or 0
+
+    def capacity(self, tree_cache: RecordedTreeCache) -> tuple[int, int | None]:
+        full = self.full_available_size() + tree_cache.evictable
+        if self._swa_req_ring:
+            return full, None  # ring rows are held per request slot, not allocated per token
+        return full, self.swa_available_size() + tree_cache.swa_evictable
 
 
 @dataclass(eq=False)
@@ -89,30 +141,57 @@ class PrefixNode:
     lock_ref: int = 0
     evictable_share: int | None = None
     held: int = 0
+    swa_share: int | None = None  # the SWA side of the same (SWA trees only)
+    swa_held: int = 0
 
 
 class RecordedTreeCache(BasePrefixCache):
     """A prefix cache that answers the recorded matches and evictable count."""
 
-    def __init__(self, *, disable: bool, page_size: int, allocator: RecordedAllocator, req_slots: Any) -> None:
+    def __init__(
+        self,
+        *,
+        disable: bool,
+        page_size: int,
+        allocator: RecordedAllocator | RecordedSWAAllocator,
+        req_slots: Any,
+        mamba: bool = False,
+        sliding_window: int | None = None,
+    ) -> None:
         self.disable = disable
         self.page_size = page_size
         self.token_to_kv_pool_allocator = allocator
         self.req_to_token_pool = req_slots
         self.root_node = PrefixNode(0)
+        self.is_mamba = mamba  # a FULL+MAMBA tree (supports_mamba)
+        self.is_swa = isinstance(allocator, RecordedSWAAllocator)  # a FULL+SWA tree
+        self._sliding_window_size = sliding_window if self.is_swa else None
         self.evictable = 0
+        self.swa_evictable = 0
+        self.mamba_evictable = 0
         self.prefix_by_rid: dict[str, int] = {}
         self.locked_by_rid: dict[str, int] = {}
+        self.swa_locked_by_rid: dict[str, int] = {}
         self.nodes: dict[str, PrefixNode] = {}
 
     def load(
-        self, evictable: int, prefix_by_rid: dict[str, int], locked_by_rid: dict[str, int] | None = None
+        self,
+        evictable: int,
+        prefix_by_rid: dict[str, int],
+        locked_by_rid: dict[str, int] | None = None,
+        *,
+        swa_evictable: int = 0,
+        mamba_evictable: int = 0,
+        swa_locked_by_rid: dict[str, int] | None = None,
     ) -> None:
-        """One pass's cache: evictable count, prefix match per rid and, where
-        recorded, how many evictable tokens locking that match took."""
+        """One pass's cache: evictable counts, prefix match per rid and, where
+        recorded, how many evictable tokens locking that match took (per side)."""
         self.evictable = evictable
+        self.swa_evictable = swa_evictable
+        self.mamba_evictable = mamba_evictable
         self.prefix_by_rid = prefix_by_rid
         self.locked_by_rid = locked_by_rid or {}
+        self.swa_locked_by_rid = swa_locked_by_rid or {}
         self.nodes = {}
 
     # --- what the scheduler asks ---
@@ -131,7 +210,10 @@ class RecordedTreeCache(BasePrefixCache):
                 share = self.locked_by_rid.get(rid)
                 if share is not None:
                     share = min(share, prefix)  # a key-capped match can hold no more
-                node = PrefixNode(prefix, evictable_share=share)
+                swa_share = self.swa_locked_by_rid.get(rid)
+                if swa_share is not None:
+                    swa_share = min(swa_share, prefix)
+                node = PrefixNode(prefix, evictable_share=share, swa_share=swa_share)
             if rid is not None and prefix:
                 self.nodes[rid] = node
         return MatchResult(
@@ -153,6 +235,14 @@ class RecordedTreeCache(BasePrefixCache):
             node.held = min(share, self.evictable)
             delta = -node.held
             self.evictable -= node.held
+            if self.is_swa:
+                # The SWA component pins the prefix's trailing window: the recorded drop,
+                # else the whole window (what it pins of a prefix no one else locks).
+                swa_share = node.swa_share
+                if swa_share is None:
+                    swa_share = min(node.tokens, self._sliding_window_size or node.tokens)
+                node.swa_held = min(swa_share, self.swa_evictable)
+                self.swa_evictable -= node.swa_held
         node.lock_ref += 1
         return IncLockRefResult(delta=delta)
 
@@ -164,6 +254,8 @@ class RecordedTreeCache(BasePrefixCache):
             delta = node.held
             self.evictable += delta
             node.held = 0
+            self.swa_evictable += node.swa_held
+            node.swa_held = 0
         node.lock_ref -= 1
         return DecLockRefResult(delta=delta)
 
@@ -173,8 +265,24 @@ class RecordedTreeCache(BasePrefixCache):
     def full_evictable_size(self) -> int:
         return self.evictable
 
+    def swa_evictable_size(self) -> int:
+        return self.swa_evictable
+
+    def mamba_evictable_size(self) -> int:
+        return self.mamba_evictable
+
     def protected_size(self) -> int:
         return 0
+
+    @property
+    def sliding_window_size(self) -> int | None:
+        return self._sliding_window_size
+
+    def supports_swa(self) -> bool:
+        return self.is_swa
+
+    def supports_mamba(self) -> bool:
+        return self.is_mamba
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
@@ -198,68 +306,48 @@ class RecordedReqSlots:
         self.size = size
         self.free = 0
 
+    def load(self, free: int, kv: KvSnapshot) -> None:
+        self.free = free
+
     def available_size(self) -> int:
         return self.free
 
 
-# --------------------------------------------------------------- requests
+class RecordedMambaSlots(_NeverAllocates, MambaSlotAllocator):
+    """sglang's mamba state-slot allocator reporting the recorded free slots.
 
-
-@dataclass
-class TokenSource:
-    """Dummy token ids: one distinct id per request, so no two share a prefix.
-
-    Traces hold lengths, never token ids; an id of its own per request keeps
-    the waiting-queue prefix matching of cache-aware policies from inventing
-    shared prefixes the recording never had.
+    No ``super()`` (it would build a slot tensor); ``schedulable_available_size``
+    is sglang's. The pass's slot group (``alloc_group_begin``/``end``) takes
+    nothing, since replay stops before any request binds a slot.
     """
 
-    vocab: int = 30000
-    ids: dict[str, int] = field(default_factory=dict)
+    what = "mamba state"
 
-    def token_for(self, rid: str) -> int:
-        token = self.ids.get(rid)
-        if token is None:
-            token = self.ids[rid] = 1 + len(self.ids) % (self.vocab - 1)
-        return token
+    def __init__(self, size: int) -> None:  # noqa: D107
+        self.size = size
+        self.device = "cpu"
+        self._alloc_iter = None
+        self.available = 0
 
-    def tokens(self, rid: str, n: int) -> array:
-        return array("q", [self.token_for(rid)]) * n
+    def available_size(self) -> int:
+        return self.available
 
+    def alloc_group_begin(self, num_reqs: int) -> None:
+        pass
 
-def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool, priority: int | None = None) -> Req:
-    if input_len < 0 or output_len < 0 or max_new < 0:
-        raise ReplayStateError(f"request {rid!r}: negative length in the record")
-    params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
-    req = Req(rid, "", tokens.tokens(rid, input_len), params, priority=priority)
-    if output_len:
-        req.output_ids = list(tokens.tokens(rid, output_len))
-    return req
+    def alloc_group_end(self) -> None:
+        pass
 
 
-def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
-    req = _make_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority)
-    # Queue order at pass entry is the arrival order the policies tie-break on.
-    req.time_stats.wait_queue_entry_time = float(order)
-    if w.output_len:
-        req.is_retracted = True
-        req.retracted_stain = True
-    return req
+class RecordedHybridReqSlots(RecordedReqSlots):
+    """A ``HybridReqToTokenPool``: request rows plus the mamba state slots."""
 
+    def __init__(self, size: int, mamba_size: int) -> None:
+        super().__init__(size)
+        self.mamba_allocator = RecordedMambaSlots(mamba_size)
 
-def running_req(tokens: TokenSource, r: RunningReq) -> Req:
-    req = _make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos)
-    req.kv.req_pool_idx = _HELD_ROW
-    return req
-
-
-def chunked_req(tokens: TokenSource, c: ChunkedReq) -> Req:
-    if not 0 <= c.prefix_len <= c.input_len + c.output_len:
-        raise ReplayStateError(f"chunked request {c.rid!r}: prefix {c.prefix_len} outside its {c.input_len} tokens")
-    req = _make_req(tokens, c.rid, c.input_len, c.output_len, c.max_new_tokens, c.ignore_eos)
-    req.refresh_fill_ids()
-    req.prefix_len = c.prefix_len
-    req.extend_end = c.prefix_len
-    req.kv.req_pool_idx = _HELD_ROW
-    req.kv.cache_protected_len = c.prefix_len
-    return req
+    def load(self, free: int, kv: KvSnapshot) -> None:
+        if kv.mamba_available is None:
+            raise ReplayStateError("mamba trace: a pass without the free mamba state slots (kv.mamba_available)")
+        self.free = free
+        self.mamba_allocator.available = kv.mamba_available

@@ -1,6 +1,6 @@
-"""Shared fixtures: ONE real sglang server on CPU for the whole test session.
+"""Shared fixtures: real sglang servers on CPU, each started once per test session.
 
-Use it like this::
+Use them like this::
 
     from conftest import generate   # pytest puts tests/ on sys.path
 
@@ -8,25 +8,38 @@ Use it like this::
         out = generate(sandbox, rid="my-test-1", input_len=3000, max_new_tokens=20)
         assert out["meta_info"]["completion_tokens"] == 20
 
+``sandbox`` is the tiny Llama under KV pressure; ``mamba_sandbox`` and
+``swa_sandbox`` are the two hybrid models under their own overload, started
+together (in parallel) by ``hybrid_sandboxes``.
+
 Tests marked ``@pytest.mark.own_server`` start and stop their own server;
-they are moved to the front of the run so that they finish before the shared
-server starts (never two servers at once on a 2-core machine).
+they are moved to the front of the run so that they finish before a shared
+server starts. The tests using one shared server run next to each other, and
+each shared server stops right after the last test that uses it, so an idle
+server never competes with the next one for the 2 cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
-VOCAB_SIZE = 512  # tracer/assets/tiny-llama: every id below this is a real token
+# Shared-server fixtures, in the order their tests run (after own_server tests).
+SERVER_FIXTURES = ("hybrid_sandboxes", "sandbox")
+HYBRID_MODELS = ("hybrid-mamba", "hybrid-swa")
+_running: dict[str, Callable[[], None]] = {}  # shared-server fixture -> its stop()
+
+VOCAB_SIZE = 512  # every sandbox model's tiny vocabulary: every id below this is a real token
 GENERATE_TIMEOUT_S = 600.0
 
 
@@ -36,13 +49,51 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def _run_group(item: pytest.Item) -> int:
+    if item.get_closest_marker("own_server") is not None:
+        return 0
+    for rank, name in enumerate(SERVER_FIXTURES, start=1):
+        if name in item.fixturenames:
+            return rank
+    return len(SERVER_FIXTURES) + 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("own_server") is None)  # stable
+    items.sort(key=_run_group)  # stable: file order within each group
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop each shared server once no later test uses it (session teardown would be too late)."""
+    if not _running:
+        return
+    items = item.session.items
+    later = items[items.index(nextitem):] if nextitem is not None else []
+    for name in list(_running):
+        if not any(name in later_item.fixturenames for later_item in later):
+            _running.pop(name)()
+
+
+@contextlib.contextmanager
+def shared_servers(name: str, servers: list[SandboxServer]) -> Iterator[list[SandboxServer]]:
+    """Start ``servers`` together; stop them after their last test (or at session end)."""
+
+    def stop() -> None:
+        for server in servers:
+            server.stop()
+
+    try:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(SandboxServer.start, servers))  # the first failure is raised here
+        _running[name] = stop
+        yield servers
+    finally:
+        _running.pop(name, None)
+        stop()
 
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxServer]:
-    """The real sglang server on CPU, started once per session, stopped at the end.
+    """The real sglang server on CPU, started once per session, stopped after its last test.
 
     What it is: ``python -m sglang.launch_server`` on the shipped tiny Llama
     (2 layers, vocab 512, dummy weights, fp32, torch_native attention) with
@@ -72,11 +123,39 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxServer]
         extra_args=KV_PRESSURE_ARGS,
         log_path=base / "server.log",
     )
-    server.start()
-    try:
+    with shared_servers("sandbox", [server]):
         yield server
-    finally:
-        server.stop()
+
+
+@pytest.fixture(scope="session")
+def hybrid_sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SandboxServer]]:
+    """The two hybrid sandboxes, started in parallel, by model name, recording traces.
+
+    ``"hybrid-mamba"``: tiny Kimi-Linear (KDA + MLA), real forward, a mamba state
+    pool of 24 slots (8 running requests at most), 1k chunks, a 16k-token KV pool.
+    ``"hybrid-swa"``: tiny gpt-oss (sliding window), forward stood in for
+    (deterministic tokens, EOS after a request-dependent number of steps),
+    8 running requests, 1k chunks, a 16k-token full pool. Both: the models'
+    ``overload_args``. Attributes as for ``sandbox``; filter traces by rid.
+    """
+    base = tmp_path_factory.mktemp("hybrid")
+    servers = [
+        SandboxServer(model=name, overload=True, trace_dir=base / name / "traces",
+                      log_path=base / name / "server.log")
+        for name in HYBRID_MODELS
+    ]
+    with shared_servers("hybrid_sandboxes", servers):
+        yield {server.model.name: server for server in servers}
+
+
+@pytest.fixture(scope="session")
+def mamba_sandbox(hybrid_sandboxes: dict[str, SandboxServer]) -> SandboxServer:
+    return hybrid_sandboxes["hybrid-mamba"]
+
+
+@pytest.fixture(scope="session")
+def swa_sandbox(hybrid_sandboxes: dict[str, SandboxServer]) -> SandboxServer:
+    return hybrid_sandboxes["hybrid-swa"]
 
 
 def random_input_ids(length: int, seed: object) -> list[int]:

@@ -133,7 +133,7 @@ def test_without_a_report_stalls_come_from_the_recorded_decisions(synthetic, tmp
     found_runs = [(e["args"]["start_pass"], e["args"]["end_pass"], e["args"]["passes"], e["args"]["head_rid"]) for e in found]
     with TraceReader(trace) as reader:
         passes = list(reader.passes())
-        expected = recorded_stalls(passes, DEFAULT_STALL_PASSES, reader.header.server_args.max_running_requests)
+        expected = recorded_stalls(passes, DEFAULT_STALL_PASSES, reader.header)
     assert expected  # the generator plants latched windows
     assert found_runs == [(s.start_pass, s.end_pass, s.passes, s.head_rid) for s in expected]
     assert [e["ts"] for e in found] == [passes[s.start_pass].t_ns / 1000 for s in expected]  # at each onset

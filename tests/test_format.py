@@ -1,4 +1,8 @@
-"""Reader/writer robustness: torn tails, corrupt bytes, hostile sizes."""
+"""Reader/writer robustness: torn tails, corrupt bytes, hostile sizes.
+
+Every case runs on a framed trace (the writer's default) and on a v1 trace
+(no batch markers): bytes appended after the last batch read as v1 does.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +23,14 @@ def a_pass(seq: int) -> Pass:
                        new_token_ratio=0.5)
 
 
-def unclosed_trace(path: Path, n: int) -> list[int]:
+@pytest.fixture(params=[True, False], ids=["framed", "v1"])
+def framed(request: pytest.FixtureRequest) -> bool:
+    return request.param
+
+
+def unclosed_trace(path: Path, n: int, framed: bool = True) -> list[int]:
     """n passes interleaved with arrivals, no footer; returns record end offsets."""
-    writer = TraceWriter(path, header())
+    writer = TraceWriter(path, header(), framed=framed)
     ends = [writer.size]
     for i in range(n):
         writer.write_many([Arrival(i, f"r{i}", 10 + i, 5), a_pass(i)])
@@ -30,8 +39,8 @@ def unclosed_trace(path: Path, n: int) -> list[int]:
     return ends
 
 
-def test_clean_roundtrip(tmp_path: Path) -> None:
-    path = write_trace(tmp_path / "t.trace", header(), [a_pass(i) for i in range(5)], end_t_ns=99)
+def test_clean_roundtrip(tmp_path: Path, framed: bool) -> None:
+    path = write_trace(tmp_path / "t.trace", header(), [a_pass(i) for i in range(5)], end_t_ns=99, framed=framed)
     with TraceReader(path) as reader:
         assert reader.closed_cleanly and reader.truncated_at is None
         assert [p.seq for p in reader.passes()] == [0, 1, 2, 3, 4]
@@ -39,9 +48,9 @@ def test_clean_roundtrip(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cut", [1, 7, 20])
-def test_truncated_file_reads_its_prefix(tmp_path: Path, cut: int) -> None:
+def test_truncated_file_reads_its_prefix(tmp_path: Path, cut: int, framed: bool) -> None:
     path = tmp_path / "t.trace"
-    ends = unclosed_trace(path, 10)
+    ends = unclosed_trace(path, 10, framed)
     data = path.read_bytes()
     torn_at = ends[-2]  # the last pair of records starts here
     path.write_bytes(data[: torn_at + cut])
@@ -53,9 +62,9 @@ def test_truncated_file_reads_its_prefix(tmp_path: Path, cut: int) -> None:
         assert [r.rid for r in records if isinstance(r, Arrival)][:9] == [f"r{i}" for i in range(9)]
 
 
-def test_corrupt_bytes_name_the_offset(tmp_path: Path) -> None:
+def test_corrupt_bytes_name_the_offset(tmp_path: Path, framed: bool) -> None:
     path = tmp_path / "t.trace"
-    ends = unclosed_trace(path, 4)
+    ends = unclosed_trace(path, 4, framed)
     data = bytearray(path.read_bytes())
     bad_at = ends[2]
     data[bad_at] = 0xC1  # never valid in msgpack
@@ -66,9 +75,9 @@ def test_corrupt_bytes_name_the_offset(tmp_path: Path) -> None:
     assert str(bad_at) in str(caught.value) and str(path) in str(caught.value)
 
 
-def test_wrong_field_type_is_a_format_error(tmp_path: Path) -> None:
+def test_wrong_field_type_is_a_format_error(tmp_path: Path, framed: bool) -> None:
     path = tmp_path / "t.trace"
-    unclosed_trace(path, 1)
+    unclosed_trace(path, 1, framed)
     offset = path.stat().st_size
     with open(path, "ab") as f:
         f.write(msgpack.packb(["arrive", "not-an-int", "r", 1, 2]))
@@ -85,9 +94,9 @@ def test_wrong_field_type_is_a_format_error(tmp_path: Path) -> None:
         b"\x92\xa4pass\xdf\xff\xff\xff\xff",  # map32 declaring 4 billion pairs
     ],
 )
-def test_hostile_sizes_are_bounded(tmp_path: Path, hostile: bytes) -> None:
+def test_hostile_sizes_are_bounded(tmp_path: Path, hostile: bytes, framed: bool) -> None:
     path = tmp_path / "t.trace"
-    unclosed_trace(path, 2)
+    unclosed_trace(path, 2, framed)
     offset = path.stat().st_size
     with open(path, "ab") as f:
         f.write(hostile + b"\x00" * 64)
@@ -101,9 +110,9 @@ def test_hostile_sizes_are_bounded(tmp_path: Path, hostile: bytes) -> None:
             assert len(records) == 5  # header + 2 arrivals + 2 passes
 
 
-def test_record_over_the_limit(tmp_path: Path) -> None:
+def test_record_over_the_limit(tmp_path: Path, framed: bool) -> None:
     path = tmp_path / "t.trace"
-    unclosed_trace(path, 1)
+    unclosed_trace(path, 1, framed)
     offset = path.stat().st_size
     with open(path, "ab") as f:
         f.write(encode(Arrival(0, "x" * (3 << 20), 1, 1)))
@@ -112,8 +121,8 @@ def test_record_over_the_limit(tmp_path: Path) -> None:
     assert offset > 0
 
 
-def test_tail_pointing_outside_the_file(tmp_path: Path) -> None:
-    path = write_trace(tmp_path / "t.trace", header(), [a_pass(0)])
+def test_tail_pointing_outside_the_file(tmp_path: Path, framed: bool) -> None:
+    path = write_trace(tmp_path / "t.trace", header(), [a_pass(0)], framed=framed)
     data = bytearray(path.read_bytes())
     data[-8:] = struct.pack(">Q", 10**12)
     path.write_bytes(bytes(data))
@@ -133,9 +142,9 @@ def test_not_a_trace_and_missing(tmp_path: Path) -> None:
         TraceReader(tmp_path / "nope.trace")
 
 
-def test_unknown_record_is_skipped_and_counted(tmp_path: Path) -> None:
+def test_unknown_record_is_skipped_and_counted(tmp_path: Path, framed: bool) -> None:
     path = tmp_path / "t.trace"
-    unclosed_trace(path, 1)
+    unclosed_trace(path, 1, framed)
     with open(path, "ab") as f:
         f.write(msgpack.packb(["from_the_future", 1, 2]))
         f.write(encode(a_pass(1)))

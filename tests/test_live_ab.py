@@ -5,7 +5,8 @@ recording a trace under the KV-pressure arguments while sglang's
 bench_serving drives it with a small bounded load. Every request must
 complete in both arms; what each arm's scheduler did (completed requests,
 stalls, over-asks, asserts) is read back from its traces and reported.
-``bench/live_ab.py`` is the same A/B with more load and alternating runs.
+``bench/live_ab.py`` is the same A/B (``schedtrace.tracer.sandbox.ab``) with
+more load and alternating runs.
 
 Select it alone with ``pytest -m live``; it is part of ``make test``.
 """
@@ -16,7 +17,7 @@ import json
 
 import pytest
 
-from bench.live_ab import ARMS, run_arm
+from schedtrace.tracer.sandbox.ab import ARMS, run_arm
 from schedtrace.tracer.sandbox.load import LoadSpec
 
 # Enough to queue, chunk and fill the 40k-token KV pool (about 48k prompt

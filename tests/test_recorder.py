@@ -16,7 +16,8 @@ import pytest
 from conftest import generate, random_input_ids
 
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.recorder.recorder import Recorder, make_hooks
+from schedtrace.tracer.recorder.hooks import make_hooks
+from schedtrace.tracer.recorder.lifecycle import Recorder
 from schedtrace.tracer.contract.schema import Alloc, Arrival, Finish, HookError, Idle, KvSnapshot, Loss, Pass, WaitingReq
 from schedtrace.tracer.recorder.writer_thread import WriterThread
 from test_format import header
@@ -208,13 +209,14 @@ def header_for(part: int, first: int):
 
 def test_idle_and_fold(tmp_path: Path) -> None:
     rec = Recorder(tmp_path, flush_interval_s=0.005)
-    rec.writer = WriterThread(tmp_path, "fold", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=0.005)
-    rec.idle = 3
+    rec.start(WriterThread(tmp_path, "fold", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=0.005))
+    emitter = rec.emitter
+    emitter.idle = 3  # as the pass hook counts idle passes
     for _ in range(4):
-        rec._emit_pass(sched_pass(), True, ("same",))
-    rec.idle = 2
-    rec._emit_pass(sched_pass(), True, ("same",))  # idle in between: a new record
-    rec._emit(Arrival(rec.now(), "b", 5, 5))
+        emitter.emit_pass(sched_pass(), True, ("same",))
+    emitter.idle = 2
+    emitter.emit_pass(sched_pass(), True, ("same",))  # idle in between: a new record
+    rec.emit(Arrival(rec.now(), "b", 5, 5))
     rec.close()
     with TraceReader(rec.writer.paths[0]) as reader:
         records = [r for _, r in reader.records()][1:]
@@ -235,8 +237,8 @@ def test_failing_hook_keeps_original_result(tmp_path: Path) -> None:
         tree_cache = None
 
     rec = Recorder(tmp_path, flush_interval_s=0.005)
-    rec.writer = WriterThread(tmp_path, "hookerr", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=0.005)
-    rec.scheduler = BrokenScheduler()
+    rec.start(WriterThread(tmp_path, "hookerr", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=0.005))
+    rec.attach(BrokenScheduler())
     hooks = dict(make_hooks(rec))
     original = TokenToKVPoolAllocator.alloc
     wrapped = _wrap_fn(original, hooks["sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc"], HookType.AROUND)
@@ -259,11 +261,12 @@ def test_failing_hook_keeps_original_result(tmp_path: Path) -> None:
 
 
 def test_capture_keeps_entry_values_and_folds_by_identity(tmp_path: Path) -> None:
-    from bench.bench_recorder import PassDriver, header as bench_header, load, loaded_pass
+    from schedtrace.replay.driver import PassDriver
+    from schedtrace.tracer.recorder.rig import header as rig_header, load, loaded_pass
 
-    driver = PassDriver(bench_header())
+    driver = PassDriver(rig_header())
     rec = Recorder(tmp_path)
-    rec.writer = WriterThread(tmp_path, "deferred", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=3600)
+    rec.start(WriterThread(tmp_path, "deferred", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=3600))
     with driver._config.installed():
         scheduler, batch = load(driver, loaded_pass(batch_full=True))
         first = rec.begin_pass(scheduler, batch)
@@ -274,7 +277,7 @@ def test_capture_keeps_entry_values_and_folds_by_identity(tmp_path: Path) -> Non
         running0.output_ids.append(7)  # a decode step: the next pass differs
         third = rec.begin_pass(scheduler, batch)
         rec.end_pass(scheduler, third, (None, batch), None)
-        rec._flush_held()
+        rec.flush()
         # Mutate after the passes, before the writer builds: the records keep entry values.
         running0.output_ids.extend([7] * 50)
         waiting0.prefix_len = 999
@@ -340,33 +343,22 @@ def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measur
     which applies a recorded drop or else pins the whole match): the hook
     records what the first lock on each candidate took from the evictable
     count, through the pass that replay stops right after admission (it raises)."""
-    from sglang.srt.managers.schedule_policy import PrefillAdder
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
     from test_replay import SHARED_PREFIX, pinned_prefix_trace
 
     from schedtrace.replay.driver import PassDriver
-    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+    from schedtrace.tracer.recorder.hooks import ADD_ONE_REQ_TARGET, PASS_TARGET
     from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
-    from schedtrace.tracer.recorder.recorder import ADDER, SCHED
+    from schedtrace.tracer.recorder.rig import HookPoints
 
     with TraceReader(pinned_prefix_trace(tmp_path / "t.trace", recorded)) as reader:
         driver = PassDriver(reader.header)
         p = reader.pass_at(0)
     rec = Recorder(tmp_path)
-    rec.writer = WriterThread(tmp_path, "probe", lambda part, first: header(), clock_ns=rec.now, flush_interval_s=3600)
-    hooks = dict(make_hooks(rec))
-    points = [(PrefillAdder, "add_one_req", f"{ADDER}.add_one_req"),
-              (Scheduler, "_get_new_batch_prefill_raw", f"{SCHED}._get_new_batch_prefill_raw"),
-              (BasePrefixCache, "lock", LOCK_TARGETS[0])]  # replay's tree-cache stand-in inherits it
-    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in points]
-    for owner, name, target in points:
-        setattr(owner, name, _wrap_fn(owner.__dict__[name], hooks[target], HookType.AROUND))
-    try:
+    rec.start(WriterThread(tmp_path, "probe", lambda part, first: header(), clock_ns=rec.now, flush_interval_s=3600))
+    # BasePrefixCache.lock (LOCK_TARGETS[0]): replay's tree-cache stand-in inherits it.
+    points = HookPoints((ADD_ONE_REQ_TARGET, PASS_TARGET, LOCK_TARGETS[0]))
+    with points.hooked(points.wrapped(dict(make_hooks(rec)))):
         decision = driver.decide(p, "stock")
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
     rec.close()
     assert rec.hook_errors == {}
     with TraceReader(rec.writer.paths[0]) as reader:

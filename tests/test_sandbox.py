@@ -1,14 +1,26 @@
-"""The embedded CPU sandbox: the real sglang server starts, serves, and stops cleanly."""
+"""The embedded CPU sandbox: the real sglang server starts, serves, and stops cleanly;
+the model registry, the launch environment and the stand-in machinery behind it."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import generate, log_size
 
-from schedtrace.tracer.sandbox.server import SandboxServer, group_members, pid_alive, process_group_alive
+from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.sandbox.models import MODELS, model
+from schedtrace.tracer.sandbox.process import group_members, pid_alive, process_group_alive
+from schedtrace.tracer.sandbox.server import THREADS_BIND_ENV, SandboxServer, rank_args, threads_bind
+from schedtrace.tracer.sandbox.standins import STAND_INS, STANDINS_ENV, check_names
+from schedtrace.tracer.sandbox.standins.import_hooks import after_import, before_import
 
 PREFILL_LINE = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+)")
 CHUNK = 8192  # --chunked-prefill-size in KV_PRESSURE_ARGS
@@ -69,3 +81,111 @@ def test_serves_concurrent_requests_with_chunked_prefill(sandbox):
     assert prefills, "the scheduler logged no prefill batch"
     assert max(tokens for _, tokens in prefills) == CHUNK  # a full chunk, never more
     assert max(seqs for seqs, _ in prefills) > 1  # several queued prompts admitted together
+
+
+# --- the registry, the launch environment, the stand-in machinery (no server) ---
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_ships_its_config_and_the_tokenizer(name: str) -> None:
+    entry = model(name)
+    config = json.loads((entry.model_dir / "config.json").read_text())
+    assert config["vocab_size"] == 512 and config["eos_token_id"] == 2
+    for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (entry.model_dir / tokenizer_file).is_file()
+    assert check_names(entry.stand_ins) == entry.stand_ins
+    described = entry.describe()
+    assert described.startswith(f"{name}: ") and "the sgl_kernel import" in described
+    assert ("Real: model forward" in described) == entry.real_forward
+
+
+def test_an_unknown_model_or_stand_in_is_a_one_line_usage_error() -> None:
+    with pytest.raises(UsageError, match=r"unknown sandbox model 'mamba'; known: llama, hybrid-mamba"):
+        model("mamba")
+    with pytest.raises(UsageError, match="unknown sandbox stand-in"):
+        check_names(["forward", "gpu"])
+    with pytest.raises(UsageError, match="multiple of dp"):
+        SandboxServer(tp=3, dp=2)
+    with pytest.raises(UsageError, match=">= 1"):
+        rank_args(0, 1)
+
+
+def test_ranks_choose_their_flags_stand_ins_and_cores() -> None:
+    assert rank_args(1, 1) == ()
+    assert rank_args(2, 1) == ("--tp", "2")
+    assert rank_args(2, 2) == ("--tp", "2", "--dp", "2", "--enable-dp-attention")
+    assert threads_bind(2, [0, 1]) == "0|1"
+    assert threads_bind(2, [0, 1, 2, 3]) == "0-1|2-3"
+    assert threads_bind(3, [0, 1]) == "0|1|0"
+
+    llama = model("llama")
+    assert llama.stand_ins_for() == ()
+    assert llama.stand_ins_for(tp=2) == ("no-pynccl",)
+    assert llama.stand_ins_for(tp=2, dp=2) == ("no-pynccl", "forward")
+    dp_server = SandboxServer(dp=2)
+    assert dp_server.tp == 2 and "--enable-dp-attention" in dp_server.command()
+    assert "model forward" not in dp_server.describe().split("Stood in for")[0]
+    env = dp_server.environment({"PYTHONPATH": "/elsewhere", "SCHEDTRACE_DIR": "/stale"})
+    assert env[STANDINS_ENV] == "no-pynccl,forward"
+    assert env[THREADS_BIND_ENV].count("|") == 1
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/elsewhere")
+    assert "SCHEDTRACE_DIR" not in env  # tracing only when asked for
+    assert THREADS_BIND_ENV not in SandboxServer().environment({})
+
+
+def test_overload_and_model_flags_come_before_the_callers(tmp_path: Path) -> None:
+    server = SandboxServer(model="hybrid-mamba", overload=True, extra_args=["--max-mamba-cache-size", "30"])
+    command = server.command()
+    assert command[command.index("--model-path") + 1] == str(model("hybrid-mamba").model_dir)
+    sizes = [command[i + 1] for i, arg in enumerate(command) if arg == "--max-mamba-cache-size"]
+    assert sizes[-1] == "30"  # argparse keeps the last: the caller wins over model and overload
+    assert "--disable-overlap-schedule" in command
+
+
+def test_import_hooks_run_around_the_named_module_only(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "hooked_mod.py").write_text("import seen\nseen.order.append('module ran')\nVALUE = 1\n")
+    (tmp_path / "seen.py").write_text("order = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import seen
+
+    before_import("hooked_mod", lambda: seen.order.append("before"))
+    after_import("hooked_mod", lambda module: seen.order.append(f"after VALUE={module.VALUE}"))
+    import hooked_mod  # noqa: F401
+
+    assert seen.order == ["before", "module ran", "after VALUE=1"]
+    after_import("hooked_mod", lambda module: seen.order.append("already imported: now"))
+    assert seen.order[-1] == "already imported: now"
+
+
+SITE_PROBE = textwrap.dedent("""
+    import json, torch
+    import sglang.srt.distributed.parallel_state as ps
+    from schedtrace.tracer.kernel_stub import stubbed
+    print(json.dumps({
+        "device_module": torch.get_device_module().__name__,
+        "explicit": torch.get_device_module("cpu").__name__,
+        "coordinator_patched": getattr(ps.GroupCoordinator.__init__, "_schedtrace_stand_in", False),
+        "sgl_kernel_stubbed": stubbed(),
+    }))
+""")
+
+
+def probe_site(stand_ins: tuple[str, ...]) -> dict:
+    """What a process started with the sandbox's environment and these stand-ins sees."""
+    env = SandboxServer().environment(os.environ) | {STANDINS_ENV: ",".join(stand_ins)}
+    out = subprocess.run([sys.executable, "-c", SITE_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_server_process_gets_the_stand_ins_it_is_told_and_no_others() -> None:
+    import torch
+
+    plain = probe_site(())
+    untouched = torch.get_device_module().__name__  # torch.cuda with this CUDA build, even without a GPU
+    assert plain == {"device_module": untouched, "explicit": "torch.cpu", "coordinator_patched": False,
+                     "sgl_kernel_stubbed": True}
+    armed = probe_site(("device", "no-pynccl"))
+    assert armed == {"device_module": "torch.cpu", "explicit": "torch.cpu", "coordinator_patched": True,
+                     "sgl_kernel_stubbed": True}
+    assert set(STAND_INS) >= {"device", "no-pynccl", "forward", "linear-attn-kernels"}

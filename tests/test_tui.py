@@ -18,18 +18,12 @@ from schedtrace.tracer.contract.synthetic import generate
 from schedtrace.tracer.contract.report import Decision, load_report
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tui.app import KEYS, TraceApp
-from schedtrace.tui.model import (
-    Marks,
-    PassFilter,
-    RidIndex,
-    RidSpan,
-    bucket_of,
-    decision_diff,
-    downsample,
-    mark_buckets,
-    pass_of_bucket,
-    request_life,
-)
+from schedtrace.tui.model.diff import decision_diff
+from schedtrace.tui.model.filters import PassFilter
+from schedtrace.tui.model.lifecycle import request_life
+from schedtrace.tui.model.marks import Marks
+from schedtrace.tui.model.rids import RidIndex, RidSpan
+from schedtrace.tui.model.series import bucket_of, downsample, mark_buckets, pass_of_bucket
 from schedtrace.tui.widgets.detail import DetailPane
 from schedtrace.tui.widgets.pass_list import PassList
 from schedtrace.tui.widgets.screens import RequestScreen
@@ -261,6 +255,64 @@ async def test_truncated_trace_opens_and_says_where_it_ends(tmp_path):
         await pilot.press("end")
         assert app.selected == app.passes - 1
         assert f"Pass {app.passes - 1}" in detail_text(app)
+
+
+async def test_clearing_a_filter_that_matched_nothing_brings_the_cursor_back_on_screen(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        pass_list = app.query_one(PassList)
+        await pilot.press("g", *"777", "enter")
+        await pilot.press("f", *"fix no-such-fix", "enter")
+        await settle(app, pilot)
+        assert pass_list.row_count == 0
+        await pilot.press("f", "enter")  # empty clears
+        await settle(app, pilot)
+        assert pass_list.row_count == PASSES
+        assert app.selected == pass_list.selected_pass == 777
+        top = int(pass_list.scroll_y)
+        assert top <= pass_list.cursor < top + pass_list.scrollable_content_region.height
+        assert "Pass 777" in detail_text(app)
+
+
+def state_rows(text: str) -> dict[str, str]:
+    """The detail pane's "Recorded state" table as {label: value}."""
+    rows = {}
+    for line in text.split("Recorded state", 1)[1].splitlines()[1:]:
+        if " │ " not in line:
+            break
+        label, value = line.split(" │ ", 1)
+        rows[label.strip()] = value.strip()
+    return rows
+
+
+async def test_detail_shows_each_hybrid_pool_only_where_it_was_recorded(tmp_path):
+    from schedtrace.tracer.contract.builders import header, pass_record
+    from schedtrace.tracer.contract.format import TraceWriter
+    from schedtrace.tracer.contract.schema import KvSnapshot
+
+    path = tmp_path / "hybrid.trace"
+    writer = TraceWriter(path, header())
+    writer.write(pass_record(0, kv=KvSnapshot(available=900, evictable=40)))  # a plain model
+    writer.write(pass_record(1, kv=KvSnapshot(available=800, evictable=30, swa_available=5120, swa_evictable=256,
+                                              mamba_available=48, mamba_evictable=3)))
+    writer.write(pass_record(2, kv=KvSnapshot(available=700, evictable=20, swa_available=4096)))
+    writer.close(3_000_000)
+    app = TraceApp(TraceReader(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        rows = state_rows(detail_text(app))
+        assert rows["kv free / evictable"] == "900 / 40"
+        assert not [label for label in rows if label.startswith(("swa", "mamba"))]
+        await pilot.press("down")
+        rows = state_rows(detail_text(app))
+        assert rows["kv free / evictable"] == "800 / 30"
+        assert rows["swa free / evictable"] == "5120 / 256"
+        assert rows["mamba free / evictable"] == "48 / 3"
+        await pilot.press("down")
+        rows = state_rows(detail_text(app))
+        assert rows["swa free"] == "4096"  # no evictable count recorded: no "/ None"
+        assert not [label for label in rows if label.startswith("mamba") or "evictable" in label and "swa" in label]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -3,18 +3,28 @@
 sglang calls ``register()`` in every process it starts (tokenizer manager,
 scheduler, detokenizer) and then ``HookRegistry.apply_hooks()``.
 
-Environment:
+Environment (names and defaults: ``schedtrace.tracer.contract.names``):
 
 * ``SCHEDTRACE_FIXES`` -- install the named scheduler fixes
   (``schedtrace.replay.variants.install_fixes_from_env``) before anything else;
-* ``SCHEDTRACE_DIR`` -- record: without it no recorder hook is installed;
-* ``SCHEDTRACE_MAX_BYTES`` -- rotate to a new part past this size (256 MiB);
-* ``SCHEDTRACE_QUEUE`` -- writer queue length; a full queue drops (65536);
-* ``SCHEDTRACE_OTEL=1`` -- mirror records as spans (``schedtrace.tracer.export.otel_mirror``).
+* ``SCHEDTRACE_DIR`` -- record: without it no recorder hook is installed. A
+  directory that cannot hold files is reported here, in one line, and the
+  variable is removed from this process's environment, so the processes
+  sglang starts from it inherit "off" and nothing pretends to trace;
+* ``SCHEDTRACE_RUN_ID`` -- set here when unset (``naming.ensure_run_id``):
+  the launching process loads the plugin first, so every rank inherits it;
+* ``SCHEDTRACE_FSYNC_MS``, ``SCHEDTRACE_CLOCK_S``, ``SCHEDTRACE_MAX_TOTAL_BYTES``,
+  ``SCHEDTRACE_MODE``/``SCHEDTRACE_RING_BYTES``, ``SCHEDTRACE_CONTROL_FILE`` --
+  the writer's policy (``recorder.policy.WriterPolicy.from_env``);
+* ``SCHEDTRACE_MAX_BYTES`` -- rotate to a new part past this size (``DEFAULT_MAX_BYTES``);
+* ``SCHEDTRACE_QUEUE`` -- writer queue length; a full queue drops (``DEFAULT_QUEUE_SIZE``);
+* ``SCHEDTRACE_OTEL`` (a boolean: 1/true/yes/on) -- mirror records as spans
+  (``schedtrace.tracer.export.otel_mirror``).
 
 Hook targets are resolved here first, so a hook point missing from the
-installed sglang costs one warning and is left out instead of an exception
-from ``HookRegistry``.
+installed sglang is left out instead of raising in ``HookRegistry``. One
+warning per process says what is off: the installed sglang when it is not
+the pinned release, and every hook point it lacks.
 """
 
 from __future__ import annotations
@@ -22,16 +32,26 @@ from __future__ import annotations
 import logging
 import os
 import pkgutil
+from collections.abc import Iterable
 
-from schedtrace.tracer.recorder.writer_thread import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, Sink
+from schedtrace.tracer.contract.names import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_QUEUE_SIZE,
+    DIR_ENV,
+    FIXES_ENV,
+    MAX_BYTES_ENV,
+    OTEL_ENV,
+    PINNED_SGLANG,
+    QUEUE_ENV,
+    env_flag,
+    env_int,
+)
+from schedtrace.tracer.contract.versions import installed_version
+from schedtrace.tracer.recorder.naming import directory_problem, ensure_run_id
+from schedtrace.tracer.recorder.policy import WriterPolicy
+from schedtrace.tracer.recorder.writer_thread import Sink
 
 logger = logging.getLogger(__name__)
-
-DIR_ENV = "SCHEDTRACE_DIR"
-FIXES_ENV = "SCHEDTRACE_FIXES"
-MAX_BYTES_ENV = "SCHEDTRACE_MAX_BYTES"
-QUEUE_ENV = "SCHEDTRACE_QUEUE"
-OTEL_ENV = "SCHEDTRACE_OTEL"
 
 _recorder = None  # the Recorder of this process, once registered
 
@@ -42,7 +62,12 @@ def register() -> None:
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return
-    install_recorder(directory)
+    problem = directory_problem(directory)
+    if problem is not None:
+        logger.error("schedtrace: %s=%s cannot hold traces: %s; recording is off", DIR_ENV, directory, problem)
+        os.environ.pop(DIR_ENV, None)  # the processes started from here inherit "off" and stay quiet
+        return
+    install_recorder(directory, run_id=ensure_run_id())
 
 
 def _install_fixes() -> None:
@@ -54,24 +79,13 @@ def _install_fixes() -> None:
     install_fixes_from_env()
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        logger.warning("schedtrace: %s=%r is not an integer; using %d", name, raw, default)
-        return default
-
-
 def otel_sinks() -> list[Sink]:
-    if os.environ.get(OTEL_ENV) != "1":
+    if not env_flag(OTEL_ENV):
         return []
     try:
         from schedtrace.tracer.export.otel_mirror import make_sink
     except ImportError as exc:
-        logger.warning("schedtrace: %s=1 but the span mirror is unavailable: %s", OTEL_ENV, exc)
+        logger.warning("schedtrace: %s is on but the span mirror is unavailable: %s", OTEL_ENV, exc)
         return []
     sink = make_sink()
     return [sink] if sink is not None else []
@@ -85,31 +99,47 @@ def resolvable(target: str) -> bool:
     return True
 
 
-def install_recorder(directory: str):
+def compatibility_warning(installed: str, missing: list[str]) -> str | None:
+    """The one warning for an sglang other than the pinned one, or with hook points missing."""
+    if installed == PINNED_SGLANG and not missing:
+        return None
+    release = f"sglang {installed}" + ("" if installed == PINNED_SGLANG else f" (schedtrace is pinned to {PINNED_SGLANG})")
+    if not missing:
+        return f"schedtrace: {release}: every hook point resolved, but recording is untested on it"
+    return f"schedtrace: {release}: hook points missing, recording without them: {', '.join(missing)}"
+
+
+def missing_hook_points(targets: Iterable[str], installed: str) -> list[str]:
+    """The targets that do not resolve here; logs ``compatibility_warning`` once if there is one."""
+    missing = [target for target in targets if not resolvable(target)]
+    message = compatibility_warning(installed, missing)
+    if message is not None:
+        logger.warning(message)
+    return missing
+
+
+def install_recorder(directory: str, *, run_id: str = "", policy: WriterPolicy | None = None):
     """Create this process's recorder and register its hooks; returns it."""
     global _recorder
     if _recorder is not None:
         return _recorder
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from schedtrace.tracer.recorder.recorder import Recorder, make_hooks
+    from schedtrace.tracer.recorder.hooks import make_hooks
+    from schedtrace.tracer.recorder.lifecycle import Recorder
 
     recorder = Recorder(
         directory,
-        max_bytes=_env_int(MAX_BYTES_ENV, DEFAULT_MAX_BYTES),
-        queue_size=_env_int(QUEUE_ENV, DEFAULT_QUEUE_SIZE),
+        max_bytes=env_int(MAX_BYTES_ENV, DEFAULT_MAX_BYTES),
+        queue_size=env_int(QUEUE_ENV, DEFAULT_QUEUE_SIZE),
         sink_factory=otel_sinks,
+        policy=policy or WriterPolicy.from_env(),
+        run_id=run_id,
     )
-    missing = []
-    for target, hook in make_hooks(recorder):
-        if resolvable(target):
+    hooks = make_hooks(recorder)
+    missing = set(missing_hook_points([target for target, _ in hooks], installed_version("sglang")))
+    for target, hook in hooks:
+        if target not in missing:
             HookRegistry.register(target, hook, HookType.AROUND)
-        else:
-            missing.append(target)
-    if missing:
-        logger.warning(
-            "schedtrace: hook points missing in this sglang, recording without them: %s",
-            ", ".join(missing),
-        )
     _recorder = recorder
     return recorder

@@ -1,107 +1,59 @@
 """The schedtrace browser: header, timeline, pass list and detail pane.
 
-I/O happens in thread workers (the trace scan, filters, the request view,
-the replay) which report back with dataclass messages; the UI thread only
-ever decodes the handful of passes on screen.
+State goes down: the app's reactives are bound to its widgets (``data_bind``).
+Messages come up (``messages.py``): from the widgets (the cursor moved, the
+timeline was clicked) and from thread workers (``workers.py``: the trace
+scan, filters, the request view, the replay). The UI thread only ever
+decodes the handful of passes on screen.
 """
 
 from __future__ import annotations
 
-import sys
-from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from rich.style import Style
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
 
-from schedtrace.tracer.contract.report import Divergence, Report
+from schedtrace.tracer.analysis.outcome import OUTCOMES
 from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tui.model import (
-    SERIES,
-    Marks,
-    PassCache,
-    PassFilter,
-    ReplayIndex,
-    ScanResult,
-    apply_filter,
-    build_marks,
-    downsample,
-    find_rid_passes,
-    header_lines,
-    mark_buckets,
-    request_life,
-    scan_trace,
+from schedtrace.tracer.contract.report import Report
+from schedtrace.tui import workers
+from schedtrace.tui.messages import (
+    CursorMoved,
+    DivergenceFound,
+    FilterReady,
+    IndexReady,
+    PassPicked,
+    ReplayDone,
+    ReplayProgress,
+    ScanDone,
+    ScanProgress,
+    TimelineReady,
+    TimelineResized,
+    WorkerFailed,
 )
-from schedtrace.tui.widgets.detail import DetailPane, pass_detail
+from schedtrace.tui.model.filters import PassFilter
+from schedtrace.tui.model.marks import Marks, build_marks
+from schedtrace.tui.model.pass_cache import PassCache
+from schedtrace.tui.model.replay_index import ReplayIndex
+from schedtrace.tui.model.rows import ListedPasses
+from schedtrace.tui.model.scan import ScanResult
+from schedtrace.tui.model.series import TimelineData, timeline_data
+from schedtrace.tui.widgets.bars import Status, StatusLine, TraceHeader
+from schedtrace.tui.widgets.detail import DetailPane
+from schedtrace.tui.widgets.pass_detail import pass_detail
 from schedtrace.tui.widgets.pass_list import HEADER_TEXT, PassList
 from schedtrace.tui.widgets.screens import HelpScreen, Prompt, RequestScreen
-from schedtrace.tui.widgets.timeline import Timeline, TimelineData
-
-SCAN_SWITCH_INTERVAL_S = 0.0005
-MAX_REQUEST_PASSES = 200_000  # the request view reads at most this many passes of one rid's span
-
-
-# --- messages from workers ------------------------------------------------------------
-
-
-@dataclass
-class IndexReady(Message):
-    passes: int
-
-
-@dataclass
-class ScanProgress(Message):
-    done: int
-    total: int
-
-
-@dataclass
-class ScanDone(Message):
-    scan: ScanResult
-
-
-@dataclass
-class TimelineReady(Message):
-    data: TimelineData
-
-
-@dataclass
-class FilterReady(Message):
-    flt: PassFilter | None
-    rows: array | None
-
-
-@dataclass
-class ReplayProgress(Message):
-    done: int
-    total: int
-
-
-@dataclass
-class DivergenceFound(Message):
-    divergence: Divergence
-
-
-@dataclass
-class ReplayDone(Message):
-    report: Report
-
-
-@dataclass
-class WorkerFailed(Message):
-    what: str
-    message: str
-
+from schedtrace.tui.widgets.timeline import Timeline
 
 KEYS: list[tuple[str, str, str]] = [
     # (key, action, description) — the footer, `?` help and the command palette all list these
@@ -121,10 +73,27 @@ KEYS: list[tuple[str, str, str]] = [
 _SHOWN = {"n", "s", "e", "g", "slash", "f", "r", "question_mark", "q"}
 
 
+def _key_label(key: str) -> str:
+    return key.replace("slash", "/").replace("question_mark", "?")
+
+
 class TraceApp(App[None]):
     CSS_PATH = "styles.tcss"
     TITLE = "schedtrace"
     BINDINGS = [Binding(key, action, description, show=key in _SHOWN) for key, action, description in KEYS]
+
+    # The state the widgets are bound to (see compose). ``var``, not ``reactive``: a change
+    # repaints only the widgets bound to it, never the whole screen.
+    passes: var[int] = var(0, init=False)  # passes known so far
+    listed: var[ListedPasses] = var(ListedPasses(0), always_update=True, init=False)
+    selected: var[int] = var(0, init=False)
+    marks: var[Marks] = var(Marks, init=False)
+    scan: var[ScanResult | None] = var(None, init=False)
+    divergences: var[int] = var(0, init=False)
+    status: var[Status] = var(Status(), init=False)
+    scan_note: var[str] = var("scanning trace…", init=False)
+    timeline: var[TimelineData | None] = var(None, init=False)
+    detail: var[list[Text]] = var(lambda: [Text("No pass selected.")], always_update=True, init=False)
 
     def __init__(self, reader: TraceReader, *, report: Report | None = None,
                  arms: tuple[str, str] | None = None) -> None:
@@ -135,36 +104,31 @@ class TraceApp(App[None]):
         self.replay = ReplayIndex(report)
         self.arms: tuple[str, str] | None = (report.old, report.new) if report is not None else arms
         self.run_arms = arms if report is None else None  # replay to run in a worker
-        self.scan: ScanResult | None = None
-        self.marks: Marks = build_marks(None, self.replay)
-        self._error_set: set[int] = set(self.marks.error)
-        self._failed_allocs: set[int] = set()
-        self.passes = reader.pass_count if reader.closed_cleanly else 0
-        self.selected = 0
         self.detail_pass: int | None = None  # the pass the detail pane shows
         self.flt: PassFilter | None = None
         self.rid: str | None = None
         self._timeline_buckets = 0
-        self.status_text = ""
+        self.set_reactive(TraceApp.passes, reader.pass_count if reader.closed_cleanly else 0)
+        self.set_reactive(TraceApp.marks, build_marks(None, self.replay))
+        self.set_reactive(TraceApp.divergences, len(self.replay.divergences))
         self.sub_title = Path(self.trace_path).name
 
     # --- layout ---
 
     def compose(self) -> ComposeResult:
-        yield Static(id="trace-header")
-        yield Static(id="status")
-        yield Timeline(id="timeline")
+        yield TraceHeader(self.reader, self.arms, id="trace-header").data_bind(
+            TraceApp.passes, TraceApp.scan, TraceApp.divergences)
+        yield StatusLine(id="status").data_bind(TraceApp.status)
+        yield Timeline(id="timeline").data_bind(TraceApp.selected, data=TraceApp.timeline, note=TraceApp.scan_note)
         with Horizontal(id="main"):
             with Vertical(id="list-pane"):
                 yield Static(HEADER_TEXT, id="list-header")
-                yield PassList(self.cache, marker=self._marker, id="passes")
-            yield DetailPane(id="detail")
+                yield PassList(self.cache, id="passes").data_bind(TraceApp.selected, TraceApp.listed, TraceApp.marks)
+            yield DetailPane(id="detail").data_bind(lines=TraceApp.detail)
         yield Footer()
 
     def on_mount(self) -> None:
-        self._render_header()
-        pass_list = self.query_one(PassList)
-        pass_list.focus()
+        self.query_one(PassList).focus()
         if self.reader.closed_cleanly:
             self._show_passes()
         else:
@@ -175,147 +139,49 @@ class TraceApp(App[None]):
         if self.run_arms is not None:
             self.run_replay()
 
-    # --- header and status ---
-
-    def _render_header(self) -> None:
-        scan = self.scan
-        pairs = header_lines(
-            self.reader.header,
-            pass_count=self.passes,
-            duration_ns=scan.end_ns if scan else None,
-            losses=scan.losses if scan else 0,
-            truncated_at=(scan.truncated_at if scan else None) or self.reader.truncated_at,
-            closed_cleanly=self.reader.closed_cleanly,
-        )
-        text = Text()
-        for label, value in pairs:
-            style = "bold red" if label in ("TRUNCATED", "unclosed") or (label == "lost" and value != "0") else ""
-            text.append(f"{label} ", style="dim")
-            text.append(value, style=style or "bold")
-            text.append("  ")
-        if self.arms is not None:
-            text.append("replay ", style="dim")
-            text.append(f"{self.arms[0]} → {self.arms[1]}", style="bold")
-            text.append(f"  {len(self.replay.divergences):,} divergences", style="bold magenta")
-        self.query_one("#trace-header", Static).update(text)
+    @property
+    def status_text(self) -> str:
+        return self.status.text
 
     def set_status(self, text: str, *, error: bool = False) -> None:
-        self.status_text = text
-        self.query_one("#status", Static).update(Text(text, style="bold red" if error else "italic"))
+        self.status = Status(text, error)
 
-    # --- workers ---
+    # --- workers (bodies in workers.py) ---
 
     @work(thread=True, exclusive=True, group="index")
     def index_trace(self) -> None:
-        try:
-            count = self.reader.pass_count  # one linear scan of an unclosed file
-        except SchedtraceError as exc:
-            self.post_message(WorkerFailed("index", str(exc)))
-            return
-        self.post_message(IndexReady(count))
+        workers.count_passes(self.reader, self.post_message)
 
     @work(thread=True, exclusive=True, group="scan")
     def scan_trace(self) -> None:
-        worker = self._current_worker()
-        # While this thread decodes, the UI thread waits up to one switch interval for the
-        # GIL each time it wakes; a shorter interval keeps keys answered during the scan.
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch_interval, SCAN_SWITCH_INTERVAL_S))
-        try:
-            with TraceReader(self.trace_path) as own:  # its own file position: the UI keeps reading
-                result = scan_trace(
-                    own,
-                    on_progress=lambda done, total: self.post_message(ScanProgress(done, total)),
-                    cancelled=lambda: worker is not None and worker.is_cancelled,
-                )
-        except SchedtraceError as exc:
-            self.post_message(WorkerFailed("scan", str(exc)))
-            return
-        finally:
-            sys.setswitchinterval(switch_interval)
-        self.post_message(ScanDone(result))
-
-    @staticmethod
-    def _current_worker():
-        from textual.worker import get_current_worker
-
-        try:
-            return get_current_worker()
-        except Exception:
-            return None
+        worker = get_current_worker()
+        workers.scan(self.trace_path, self.post_message, cancelled=lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="timeline")
-    def build_timeline(self, buckets: int) -> None:
-        scan = self.scan
-        if scan is None or buckets <= 0:
-            return
-        passes = scan.passes
-        series = {name: downsample(scan.series[name], 0, passes, buckets) for name in SERIES}
-        used = len(series[SERIES[0]])
-        data = TimelineData(
-            passes=passes,
-            buckets=used,
-            series=series,
-            peaks={name: max(values, default=0) for name, values in series.items()},
-            marks=mark_buckets(self.marks, passes, used),
-        )
-        self.post_message(TimelineReady(data))
+    def build_timeline(self, scan: ScanResult, marks: Marks, buckets: int) -> None:
+        if buckets > 0:
+            self.post_message(TimelineReady(timeline_data(scan, marks, buckets)))
 
     @work(thread=True, exclusive=True, group="filter")
     def compute_filter(self, flt: PassFilter) -> None:
-        try:
-            rows = apply_filter(flt, self.passes, self.replay, self.scan.results if self.scan else None)
-        except ValueError as exc:
-            self.post_message(WorkerFailed("filter", str(exc)))
-            return
-        self.post_message(FilterReady(flt, rows))
+        workers.filter_passes(flt, self.passes, self.replay, self.scan.results if self.scan else None,
+                              self.post_message)
 
     @work(thread=True, exclusive=True, group="request")
     def load_request(self, screen: RequestScreen, rid: str) -> None:
-        span = self.scan.rids.get(rid) if self.scan else None
-        if span is None:
-            self.call_from_thread(screen.show_failure, f"no request {rid!r} in this trace")
-            return
-        last = min(span.last_pass, span.first_pass + MAX_REQUEST_PASSES - 1, self.passes - 1)
-        note = "" if last == span.last_pass else f"(first {MAX_REQUEST_PASSES:,} passes of its span)"
-        try:
-            with TraceReader(self.trace_path) as own:
-                passes = find_rid_passes(own, rid, span.first_pass, last)
-                steps = request_life(rid, passes, span, self.reader.header.server_args.max_running_requests)
-        except SchedtraceError as exc:
-            self.call_from_thread(screen.show_failure, str(exc))
-            return
-        self.call_from_thread(screen.show_steps, steps, note)
+        workers.load_request(self.trace_path, rid, self.scan.rids.get(rid) if self.scan else None, self.passes,
+                             self.reader.header.server_args.max_running_requests, screen.post_message)
 
     @work(thread=True, exclusive=True, group="replay")
     def run_replay(self) -> None:
         assert self.run_arms is not None
-        old, new = self.run_arms
-        try:
-            from schedtrace.replay.engine import replay_trace
-        except ImportError as exc:
-            self.post_message(WorkerFailed("replay", f"replay engine not available: {exc}"))
-            return
-        try:
-            report = replay_trace(
-                self.trace_path, old, new,
-                on_progress=lambda done, total: self.post_message(ReplayProgress(done, total)),
-                on_divergence=lambda d: self.post_message(DivergenceFound(d)),
-            )
-        except SchedtraceError as exc:
-            self.post_message(WorkerFailed("replay", str(exc)))
-            return
-        except Exception as exc:  # a replay bug must not take the browser down with it
-            self.post_message(WorkerFailed("replay", f"{type(exc).__name__}: {exc}"))
-            return
-        self.post_message(ReplayDone(report))
+        workers.replay(self.trace_path, *self.run_arms, self.post_message)
 
     # --- worker messages ---
 
     def on_index_ready(self, message: IndexReady) -> None:
         self.passes = message.passes
         self._show_passes()
-        self._render_header()
         if self.reader.truncated_at is not None:
             self.set_status(f"trace is truncated at byte {self.reader.truncated_at:,}: "
                             f"showing the {self.passes:,} passes before it")
@@ -323,15 +189,15 @@ class TraceApp(App[None]):
             self.set_status("")
 
     def on_scan_progress(self, message: ScanProgress) -> None:
-        self.query_one(Timeline).set_status(f"scanning trace… {100 * message.done // max(message.total, 1)}%")
+        self.scan_note = f"scanning trace… {100 * message.done // max(message.total, 1)}%"
 
     def on_scan_done(self, message: ScanDone) -> None:
-        scan = self.scan = message.scan
+        scan = message.scan
         if not self.reader.closed_cleanly and self.passes == 0:
             self.passes = scan.passes
             self._show_passes()
+        self.scan = scan
         self._rebuild_marks()
-        self._render_header()
         if scan.failure:
             self.set_status(f"trace is corrupt: {scan.failure}; showing what came before", error=True)
         elif scan.truncated_at is not None:
@@ -339,19 +205,17 @@ class TraceApp(App[None]):
                             f"showing the {self.passes:,} valid passes; the last one is where it ends")
 
     def on_timeline_ready(self, message: TimelineReady) -> None:
-        timeline = self.query_one(Timeline)
-        timeline.set_data(message.data)
-        timeline.select(self.selected)
+        self.timeline = message.data
 
-    def on_timeline_resized(self, message: Timeline.Resized) -> None:
-        if self.scan is not None and message.buckets != self._timeline_buckets:
+    def on_timeline_resized(self, message: TimelineResized) -> None:
+        if message.buckets != self._timeline_buckets:
             self._timeline_buckets = message.buckets
-            self.build_timeline(message.buckets)
+            if self.scan is not None:
+                self.build_timeline(self.scan, self.marks, message.buckets)
 
     def on_filter_ready(self, message: FilterReady) -> None:
         self.flt = message.flt
-        pass_list = self.query_one(PassList)
-        pass_list.set_rows(self.passes, message.rows, keep_pass=self.selected)
+        self.listed = ListedPasses(self.passes, message.rows)
         label = f"filter: {message.flt.describe()} ({len(message.rows or ()):,} passes)" if message.flt else ""
         self.set_status(label)
         if message.flt is not None and not message.rows:
@@ -364,14 +228,14 @@ class TraceApp(App[None]):
 
     def on_divergence_found(self, message: DivergenceFound) -> None:
         self.replay.add(message.divergence)
-        self.marks.divergence = array("q", sorted(self.replay.divergences))
-        self.query_one(PassList).refresh()
-        self._render_header()
+        self.marks.add_divergence(message.divergence.pass_)
+        self.mutate_reactive(TraceApp.marks)
+        self.divergences = len(self.replay.divergences)
 
     def on_replay_done(self, message: ReplayDone) -> None:
         self.replay = ReplayIndex(message.report)
         self._rebuild_marks()
-        self._render_header()
+        self.divergences = len(self.replay.divergences)
         self.set_status(f"replay done: {len(self.replay.divergences):,} divergences")
         self._show_detail()
 
@@ -382,49 +246,34 @@ class TraceApp(App[None]):
 
     def _rebuild_marks(self) -> None:
         self.marks = build_marks(self.scan, self.replay)
-        self._error_set = set(self.marks.error)
-        self._failed_allocs = set(self.scan.failed_allocs) if self.scan else set()
-        self.query_one(PassList).refresh()
         if self.scan is not None:
-            self.build_timeline(self.query_one(Timeline).buckets)
+            self.build_timeline(self.scan, self.marks, self._timeline_buckets)
 
     # --- selection ---
 
     def _show_passes(self) -> None:
-        pass_list = self.query_one(PassList)
-        pass_list.set_rows(self.passes, None, keep_pass=self.selected)
+        self.listed = ListedPasses(self.passes)
         if self.passes == 0:
-            self.query_one(DetailPane).show(Text("This trace has no pass records.", style="bold"))
+            self.detail = [Text("This trace has no pass records.", style="bold")]
 
-    def _marker(self, n: int) -> tuple[str, Style]:
-        if n in self._error_set:
-            return "✖", Style(color="red", bold=True)
-        if n in self.replay.divergences:
-            return "◆", Style(color="bright_magenta", bold=True)
-        if self.marks.stall_ranges and self.marks.in_stall(n):
-            return "▬", Style(color="yellow")
-        return " ", Style()
+    def on_cursor_moved(self, message: CursorMoved) -> None:
+        if message.pass_no != self.selected:
+            self.selected = message.pass_no
+        elif self.detail_pass != message.pass_no:
+            self._show_detail()
 
-    def on_pass_list_selected(self, message: PassList.Selected) -> None:
-        if message.pass_no != self.selected or self.detail_pass != message.pass_no:
-            self._apply_selection(message.pass_no)
-
-    def _apply_selection(self, n: int) -> None:
-        self.selected = n
-        self.query_one(Timeline).select(n)
-        self._show_detail()
-
-    def on_timeline_selected(self, message: Timeline.Selected) -> None:
+    def on_pass_picked(self, message: PassPicked) -> None:
         self.select_pass(message.pass_no)
 
     def select_pass(self, n: int) -> None:
-        pass_list = self.query_one(PassList)
-        pass_list.select_pass(n)
-        # Update timeline and detail now, in this same turn, so one frame shows the whole
-        # move; the list's Selected message then finds nothing left to do.
-        target = pass_list.selected_pass
+        # The nearest listed pass, so that list, timeline and detail all move in this
+        # same turn (one frame); the list's CursorMoved then finds nothing left to do.
+        target = self.listed.nearest(n)
         if target is not None:
-            self._apply_selection(target)
+            self.selected = target
+
+    def watch_selected(self) -> None:
+        self._show_detail()
 
     def _show_detail(self) -> None:
         if not self.passes:
@@ -433,33 +282,29 @@ class TraceApp(App[None]):
         try:
             p = self.cache.get(n)
         except SchedtraceError as exc:
-            self.query_one(DetailPane).show(Text(f"Pass {n} cannot be read: {exc}", style="bold red"))
+            self.detail = [Text(f"Pass {n} cannot be read: {exc}", style="bold red")]
             return
-        failed_alloc = n in self._failed_allocs
-        self.query_one(DetailPane).show(
-            pass_detail(
-                p,
-                divergence=self.replay.divergences.get(n),
-                mismatch=self.replay.mismatch_at(n),
-                arms=self.arms,
-                in_stall=bool(self.marks.stall_ranges) and self.marks.in_stall(n),
-                failed_alloc=failed_alloc,
-            )
+        self.detail = pass_detail(
+            p,
+            divergence=self.replay.divergences.get(n),
+            mismatch=self.replay.mismatch_at(n),
+            arms=self.arms,
+            in_stall=self.marks.in_stall(n),
+            failed_alloc=self.marks.failed_alloc_at(n),
         )
 
     # --- actions ---
 
     def action_jump(self, kind: str, direction: int) -> None:
-        label = {"divergence": "divergence", "stall": "stall", "error": "error"}[kind]
         if kind == "divergence" and self.arms is None:
             self.notify("No replay loaded: open with --report or --old/--new.", severity="warning")
             return
         if kind != "divergence" and self.scan is None and not len(self.marks.of(kind)):
-            self.notify(f"Still scanning the trace for {label}s…", severity="warning")
+            self.notify(f"Still scanning the trace for {kind}s…", severity="warning")
             return
         target = (self.marks.next if direction > 0 else self.marks.previous)(kind, self.selected)
         if target is None:
-            self.notify(f"No {'later' if direction > 0 else 'earlier'} {label}.", severity="information")
+            self.notify(f"No {'later' if direction > 0 else 'earlier'} {kind}.", severity="information")
             return
         self.select_pass(target)
 
@@ -518,7 +363,7 @@ class TraceApp(App[None]):
 
         self.push_screen(
             Prompt("Filter passes (empty clears):", placeholder="divergent | fix NAME | result WORD | !…",
-                   hint=f"fixes: {fixes}; results: none admit chunk full no-token error"),
+                   hint=f"fixes: {fixes}; results: {' '.join(OUTCOMES)}"),
             done,
         )
 
@@ -549,12 +394,10 @@ class TraceApp(App[None]):
         return p.chunked.rid if p.chunked else None
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([(key.replace("slash", "/").replace("question_mark", "?"), description)
-                                     for key, _, description in KEYS]))
+        self.push_screen(HelpScreen([(_key_label(key), description) for key, _, description in KEYS]))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for key, action, description in KEYS:
-            shown = key.replace("slash", "/").replace("question_mark", "?")
-            yield SystemCommand(description, f"key {shown}",
+            yield SystemCommand(description, f"key {_key_label(key)}",
                                 lambda action=action: self.run_action(action))

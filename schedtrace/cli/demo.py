@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 
-from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.sandbox.load import LoadSpec, run_load
 from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
@@ -28,24 +27,14 @@ def find_traces(trace_dir: Path) -> list[Path]:
 
 
 def run_subcommand(args: list[str]) -> bool:
-    """Run ``schedtrace ARGS`` in this process; whether it succeeded."""
-    from schedtrace.cli import cli
+    """Run ``schedtrace ARGS`` in this process, errors printed as the console script does."""
+    from schedtrace.cli import run
 
-    try:
-        # Without standalone mode click returns a command's ctx.exit(code).
-        returned = cli.main(args, prog_name="schedtrace", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        return False
-    except SchedtraceError as exc:
-        click.echo(f"schedtrace: error: {exc}", err=True)
-        return False
-    except click.exceptions.Exit as exc:
-        return exc.exit_code == 0
-    return not (isinstance(returned, int) and returned != 0)
+    return run(args) == 0
 
 
-@click.command("demo", context_settings={"ignore_unknown_options": True})
+@click.command("demo", context_settings={"ignore_unknown_options": True},
+               short_help="Record an overload on CPU, then summarize and replay it.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True,
               help="Directory for traces, logs, load results and the replay report.")

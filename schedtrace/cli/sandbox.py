@@ -16,6 +16,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 @click.command(
     "sandbox",
+    short_help="Serve the tiny model with the real sglang server on CPU.",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None,

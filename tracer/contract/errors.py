@@ -7,18 +7,29 @@ code 2; anything else is a bug and keeps its traceback.
     ├── TraceError                      a trace file cannot be used
     │   ├── TraceNotFoundError          missing or unreadable path
     │   ├── TraceFormatError            corrupt or hostile bytes (has .offset)
-    │   └── TraceVersionError           schema newer than this reader
+    │   │   └── TraceDamagedError       reading reached an unreadable region (has .gap)
+    │   ├── TraceSetError               files that do not make one trace set (missing part, mixed runs)
+    │   ├── TraceVersionError           schema (or replay report) newer than this reader
+    │   └── ReportMismatchError         a replay report does not fit the trace it is shown with
     ├── ReplayError                     replay cannot go on
     │   ├── FixMismatchError            a fix's target code is not what we patch
-    │   └── ReplayStateError            a record cannot be turned into sglang state
+    │   ├── ReplayStateError            a record cannot be turned into sglang state
+    │   └── ReproError                  no verified test for a divergence or stall (repro)
     ├── SandboxError                    the embedded CPU server failed
     │   └── ServerStartError            it did not become healthy
     ├── ExportError                     an exporter could not deliver
     │   └── EndpointUnreachableError    retried within its bound, then gave up
-    └── UsageError                      bad options that click itself cannot see
+    ├── UsageError                      bad options that click itself cannot see
+    └── TraceWriteError                 also an OSError: a write did not reach the file
+                                        (for the recorder's writer thread, not the user)
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schedtrace.tracer.contract.framing import Gap
 
 
 class SchedtraceError(Exception):
@@ -45,8 +56,44 @@ class TraceFormatError(TraceError):
         super().__init__(path, f"{where}: {message}")
 
 
+class TraceDamagedError(TraceFormatError):
+    """A read reached bytes the reader could not check or parse; ``gap`` says which."""
+
+    def __init__(self, path: str, gap: Gap) -> None:
+        self.gap = gap
+        offset = gap.start if gap.first_bad is None else gap.first_bad
+        super().__init__(path, offset, f"{gap.reason}; {gap.describe()}")
+
+
 class TraceVersionError(TraceError):
     pass
+
+
+class ReportMismatchError(TraceError):
+    """A replay report names passes, or a trace fingerprint, that the trace does not have."""
+
+
+class TraceWriteError(SchedtraceError, OSError):
+    """``TraceWriter`` could not put a batch on disk (disk full, I/O error).
+
+    An ``OSError`` too, with the cause's ``errno``, so a caller that catches
+    ``OSError`` still sees it. ``records_written`` of the call's records reached
+    the file (whole sealed batches), ``records_lost`` did not; the file reads
+    back as it was before the lost bytes.
+    """
+
+    def __init__(self, path: str, offset: int, cause: OSError, records_written: int, records_lost: int) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.records_written = records_written
+        self.records_lost = records_lost
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        OSError.__init__(self, cause.errno, f"{self.path}: cannot write at offset {offset}: {reason}; "
+                                            f"{records_lost} records not written")
+
+
+class TraceSetError(TraceError):
+    """The files given do not form the trace set asked for (a part missing, several runs or ranks)."""
 
 
 class ReplayError(SchedtraceError):
@@ -63,6 +110,10 @@ class FixMismatchError(ReplayError):
 
 class ReplayStateError(ReplayError):
     pass
+
+
+class ReproError(ReplayError):
+    """``schedtrace repro`` could not produce a test that fails on stock and passes with the fix."""
 
 
 class SandboxError(SchedtraceError):

@@ -22,10 +22,28 @@ FIXES_ENV: Final = "SCHEDTRACE_FIXES"
 MAX_BYTES_ENV: Final = "SCHEDTRACE_MAX_BYTES"
 QUEUE_ENV: Final = "SCHEDTRACE_QUEUE"
 OTEL_ENV: Final = "SCHEDTRACE_OTEL"
+# Recorder integrity and rank identity (tracer/recorder; README, "Recording on a GPU server").
+RUN_ID_ENV: Final = "SCHEDTRACE_RUN_ID"  # set by the launcher's plugin load; every rank inherits it
+FSYNC_MS_ENV: Final = "SCHEDTRACE_FSYNC_MS"  # fsync period; 0: only at rotation and close
+CLOCK_S_ENV: Final = "SCHEDTRACE_CLOCK_S"  # Clock record period
+MAX_TOTAL_BYTES_ENV: Final = "SCHEDTRACE_MAX_TOTAL_BYTES"  # disk budget per scheduler process; 0: none
+MODE_ENV: Final = "SCHEDTRACE_MODE"  # "file" (default) or "ring"
+RING_BYTES_ENV: Final = "SCHEDTRACE_RING_BYTES"  # ring mode: encoded bytes kept in memory
+CONTROL_FILE_ENV: Final = "SCHEDTRACE_CONTROL_FILE"  # a file holding "on" or "off"
 
-# Writer defaults (the environment can override both).
+# Loss.reason: why the writer has no records for a stretch ("queue_full" is the schema's default).
+LOSS_QUEUE_FULL: Final = "queue_full"  # the writer queue was full: the newest records were dropped
+LOSS_WRITE_ERROR: Final = "write_error"  # a write failed (disk full, I/O error)
+LOSS_RING: Final = "ring"  # ring mode: records fell off the ring before a trigger wrote it out
+LOSS_PAUSED: Final = "paused"  # recording was off (the control file): passes and events not recorded
+
+# Writer defaults (the environment can override each; the fsync period is the contract writer's DEFAULT_FSYNC_EVERY_S).
 DEFAULT_MAX_BYTES: Final = 256 << 20
 DEFAULT_QUEUE_SIZE: Final = 65536
+DEFAULT_CLOCK_S: Final = 10
+DEFAULT_RING_BYTES: Final = 64 << 20
+FILE_MODE: Final = "file"
+RING_MODE: Final = "ring"
 
 # The two named arms; a fix name or a comma list of them is an arm too.
 STOCK: Final = "stock"

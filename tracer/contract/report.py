@@ -7,14 +7,17 @@ no host names).
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
-from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError
+from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError, TraceVersionError
 
 REPORT_VERSION: Final = 1
+MAX_REPORT_BYTES: Final = 64 << 20  # a report is read whole; past this it is refused, not parsed
 
 # Divergence kinds, in the order they are listed.
 DIVERGENCE_KINDS: Final = (
@@ -122,6 +125,9 @@ class Report(msgspec.Struct, kw_only=True):
     # Appended by the open-loop engine (defaults keep older reports readable):
     aiter_events: int = 0  # aiter records replayed (also counted in fidelity.total)
     warnings: list[str] = []  # version mismatch, torn tail: why the result may be partial
+    # Hybrid (SWA/mamba) traces: fix name -> how it meets these pools ("applies: ...",
+    # "already present: ...", "not reached: ..."); empty for a full-pool trace.
+    fix_notes: dict[str, str] = {}
 
 
 _json_encoder = msgspec.json.Encoder(order="sorted")
@@ -133,12 +139,42 @@ def dump_report(report: Report) -> bytes:
     return msgspec.json.format(_json_encoder.encode(report), indent=2) + b"\n"
 
 
-def load_report(path: str | Path) -> Report:
+class _Versioned(msgspec.Struct):
+    version: int = REPORT_VERSION
+
+
+_version_decoder = msgspec.json.Decoder(_Versioned)
+
+
+def load_report(path: str | Path, *, max_bytes: int = MAX_REPORT_BYTES) -> Report:
+    """Read a replay report: a regular file of at most ``max_bytes``, of a version this reader knows.
+
+    Whether its pass numbers fit a trace is ``report_check.check_report``'s job (it needs the trace).
+    """
+    name = str(path)
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise TraceNotFoundError(name, "not a regular file, expected a replay report (JSON)")
+            # The size is checked before reading and again after: the file may grow meanwhile.
+            data = file.read(max_bytes + 1) if info.st_size <= max_bytes else b""
     except FileNotFoundError:
-        raise TraceNotFoundError(str(path), "no such replay report") from None
+        raise TraceNotFoundError(name, "no such replay report") from None
+    except IsADirectoryError:
+        raise TraceNotFoundError(name, "is a directory, expected a replay report (JSON)") from None
+    except OSError as exc:
+        raise TraceNotFoundError(name, f"cannot read the replay report: {exc.strerror or exc}") from None
+    if len(data) > max_bytes or info.st_size > max_bytes:
+        raise TraceFormatError(name, 0, f"replay report is over the {max_bytes:,}-byte limit "
+                               f"({max(info.st_size, len(data)):,} bytes)")
     try:
+        version = _version_decoder.decode(data).version
+        if version > REPORT_VERSION:
+            raise TraceVersionError(name, f"replay report version {version} is newer than this reader "
+                                    f"({REPORT_VERSION})")
+        if version < 1:
+            raise TraceFormatError(name, 0, f"replay report version {version} is not a version")
         return _json_decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise TraceFormatError(str(path), 0, f"not a schedtrace replay report: {exc}") from None
+        raise TraceFormatError(name, 0, f"not a schedtrace replay report: {exc}") from None

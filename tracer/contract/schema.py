@@ -47,6 +47,27 @@ class ServerArgs(_Row):
     schedule_conservativeness: float = 1.0
 
 
+class PoolLayout(_Row):
+    """The pools the scheduler built, as far as admission reads them.
+
+    What replay needs to rebuild hybrid pools (SWA, mamba): the classes it
+    must stand in for and the fixed sizes their budgets read. Per-pass counts
+    are in ``KvSnapshot``.
+    """
+
+    allocator: str  # class name of token_to_kv_pool_allocator
+    tree_cache: str  # class name of tree_cache
+    full_size: int  # allocator.size_full: full-attention KV tokens
+    swa_size: int | None = None  # allocator.size_swa (None: no SWA pool)
+    swa_ring_cost: int = 0  # KV tokens one request's SWA ring takes (0: a paged SWA pool)
+    sliding_window: int | None = None  # tree_cache.sliding_window_size (the SWA retain window)
+    mamba_size: int | None = None  # mamba_allocator.size: state slots (None: no mamba pool)
+    mamba_slots_per_req: int = 0  # slots a new request takes: its state plus its tracking buffers
+    mamba_slot_cost: int = 0  # full tokens one state slot costs in a shared pool (0: a pool of its own)
+    mamba_strategy: str | None = None  # --mamba-radix-cache-strategy as resolved
+    mamba_extra_buffer: bool = False  # the tree keeps mamba ping-pong tracking buffers
+
+
 class Header(_Record, tag="header"):
     schema_version: int
     sglang_version: str
@@ -66,6 +87,12 @@ class Header(_Record, tag="header"):
     # Grid a truncated prefill cut lands on (sglang's mamba_prefill_chunk_grid():
     # > 1 only with DCP and the mamba extra buffer); 1 leaves cuts alone.
     mamba_chunk_grid: int = 1
+    # The pools' classes and sizes (None: a trace from before this field; then
+    # only the full pool is known).
+    pools: PoolLayout | None = None
+    # sglang's _use_exact_chunk_fill() on the recording host (SGLANG_EXACT_CHUNK_FILL
+    # on gfx95 hardware): PrefillAdder bills chunks exactly unless a mamba tree shares prefixes.
+    exact_chunk_fill: bool = False
     # One server start: every rank's files share run_id; ranks and sizes come
     # from sglang.srt.runtime_context.get_parallel() (attn_dp_rank None: no DP attention).
     run_id: str = ""
@@ -89,8 +116,12 @@ class KvSnapshot(_Row):
     evictable: int  # tokens the radix cache could evict
     swa_available: int | None = None
     swa_evictable: int | None = None
-    mamba_available: int | None = None
-    mamba_evictable: int | None = None
+    mamba_available: int | None = None  # free mamba state slots
+    mamba_evictable: int | None = None  # state slots the radix cache could evict
+    # Locked (protected) counts of the radix cache, hybrid pools only.
+    protected: int | None = None
+    swa_protected: int | None = None
+    mamba_protected: int | None = None
 
 
 class WaitingReq(_Row):
@@ -136,6 +167,9 @@ class Candidate(_Row):
     # already pins part of it); 0 for an empty match (it pins only the root);
     # None: no lock taken, or not recorded (older traces).
     locked_evictable: int | None = None
+    # The same drop on the SWA evictable count (hybrid SWA only; None: not recorded,
+    # replay then assumes the prefix's last sliding window was evictable).
+    locked_swa_evictable: int | None = None
 
 
 class Admitted(_Row):
@@ -211,7 +245,7 @@ class Alloc(_Record, tag="alloc"):
 
     t_ns: int
     pass_seq: int  # last pass record written before it (-1: none)
-    op: str  # "alloc_extend" | "alloc" | "alloc_decode"
+    op: str  # "alloc_extend" | "alloc" | "alloc_decode" | "alloc_extend_swa_tail" | "mamba_alloc"
     requested: int  # tokens asked for
     available: int  # free tokens before the call
     evictable: int

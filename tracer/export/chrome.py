@@ -149,8 +149,8 @@ class _Requests:
 class _StallRuns:
     """Stalls in what the recording decided (``schedtrace.tracer.analysis.stalls``), for traces without a report."""
 
-    def __init__(self, threshold: int, max_running: int | None) -> None:
-        self.scanner = StallScanner(threshold, max_running)
+    def __init__(self, threshold: int, header: Header) -> None:
+        self.scanner = StallScanner(threshold, header)
         self.onset_ns = 0  # t_ns of the open run's first pass
         self.reported = 0
 
@@ -206,7 +206,7 @@ def trace_events(
         for arm, arm_stalls in sorted(report.stalls.items()):
             for stall in arm_stalls:
                 stalls[stall.start_pass].append((arm, stall))
-    runs = _StallRuns(stall_passes, reader.header.server_args.max_running_requests) if report is None else None
+    runs = _StallRuns(stall_passes, reader.header) if report is None else None
     requests = _Requests()
     counters: dict[str, int] = {}
     last_t = 0

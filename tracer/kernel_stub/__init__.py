@@ -9,13 +9,18 @@ own ``maybe_stub_sgl_kernel`` does. Other imports are never touched.
 
 Server processes get it from ``sitecustomize`` in ``STUB_DIR`` (first on
 their ``PYTHONPATH``), so the scheduler and detokenizer children have it
-too; replay calls ``install()`` in its own process.
+too; replay calls ``install()`` in its own process. ``stubbed()`` says
+whether the stand-in took the real package's place (the sandbox only adds
+its CPU kernel stand-ins then); ``run_next_sitecustomize`` is for any
+``sitecustomize`` that shadows another.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -87,7 +92,43 @@ class _SglKernelFinder(importlib.abc.MetaPathFinder):
         return real
 
 
+def _finder() -> _SglKernelFinder | None:
+    return next((f for f in sys.meta_path if isinstance(f, _SglKernelFinder)), None)
+
+
 def install() -> None:
     """Install the finder in this process (idempotent)."""
-    if not any(isinstance(f, _SglKernelFinder) for f in sys.meta_path):
+    if _finder() is None:
         sys.meta_path.insert(0, _SglKernelFinder())
+
+
+def stubbed() -> bool:
+    """Whether ``sgl_kernel`` is (or, once imported, will be) the stand-in here.
+
+    Imports ``sgl_kernel`` to decide: the real package is tried first.
+    """
+    import sgl_kernel  # noqa: F401  (the finder decides on first import)
+
+    finder = _finder()
+    return bool(finder is not None and finder.stubbing)
+
+
+def run_next_sitecustomize(this_file: str) -> None:
+    """Run the ``sitecustomize`` that ``this_file`` shadows on ``sys.path``, if any.
+
+    A ``sitecustomize`` first on ``PYTHONPATH`` hides a distro's or a virtual
+    environment's own, so it finds and executes the next one itself.
+    """
+    here = os.path.dirname(os.path.realpath(this_file))
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin is None:
+        return
+    if os.path.realpath(spec.origin) == os.path.realpath(this_file):
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_schedtrace_chained_sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # site.py reports sitecustomize errors the same way
+        print(f"Error in sitecustomize {spec.origin}: {exc!r}", file=sys.stderr)

@@ -1,43 +1,156 @@
-"""Pure functions: live sglang objects -> schema rows.
+"""What one non-idle pass captures, on the scheduler thread, and the ``Pass`` it becomes.
 
-None of them mutate sglang state. Lengths and counts only, never token ids
-or text. Two halves: the capture functions run on the scheduler thread on
-every non-idle pass and read only what can change before the writer gets to
-it (a few ints per request, the KV counts); the row builders run on the
-writer thread and combine those ints with fields of the same ``Req`` objects
-that never change once a request is queued (see the note below).
+A ``PassCapture`` is taken at pass entry, filled per candidate by the
+``PrefillAdder``/``PrefillBudget`` hooks while the pass runs, closed at pass
+exit, and then handed to the writer thread, which calls ``build()``: the
+schema Structs are made there, not on the scheduler thread. Once submitted,
+the scheduler thread never touches it again.
+
+Which ``Req`` fields are safe to read later (sglang 0.5.23): ``rid``,
+``len(origin_input_ids)``, ``sampling_params.max_new_tokens``,
+``sampling_params.ignore_eos`` and ``priority`` are all set before
+``Scheduler._add_request_to_queue`` appends the request (tokenizer-side
+normalisation, ``init_req_max_new_tokens``, multimodal padding,
+``set_finish_with_abort`` and ``_set_or_validate_priority`` all run in
+``handle_generate_request`` / the grammar queue, before queueing) and are
+never written again while it is queued, running or chunked. Volatile, and so
+captured as ints at pass entry: ``prefix_len`` (``init_next_round_input``,
+``reset_for_retract``) and ``len(output_ids)`` (every decode step, retract).
+Lengths and counts only, never token ids or text.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
-import socket
 from typing import Any
 
-from schedtrace.tracer.contract.versions import installed_version
-from schedtrace.tracer.contract.schema import (
-    SCHEMA_VERSION,
-    ChunkedReq,
-    Header,
-    RunningReq,
-    ServerArgs,
-    WaitingReq,
-)
+from schedtrace.tracer.contract.names import error_text
+from schedtrace.tracer.contract.schema import Admitted, Candidate, ChunkOutcome, Pass, Record
+from schedtrace.tracer.recorder import pools, rows
+from schedtrace.tracer.recorder.writer_thread import Deferred
 
 
-# --- scheduler thread: capture what can change, by reference otherwise ----------
-#
-# Which ``Req`` fields are safe to read later (sglang 0.5.23): ``rid``,
-# ``len(origin_input_ids)``, ``sampling_params.max_new_tokens``,
-# ``sampling_params.ignore_eos`` and ``priority`` are all set before
-# ``Scheduler._add_request_to_queue`` appends the request (tokenizer-side
-# normalisation, ``init_req_max_new_tokens``, multimodal padding,
-# ``set_finish_with_abort`` and ``_set_or_validate_priority`` all run in
-# ``handle_generate_request`` / the grammar queue, before queueing) and are
-# never written again while it is queued, running or chunked. Volatile, and so
-# captured as ints at pass entry: ``prefix_len`` (``init_next_round_input``,
-# ``reset_for_retract``) and ``len(output_ids)`` (every decode step, retract).
+class PassCapture(Deferred):
+    """References to the live requests plus the few ints that can change.
+
+    Lists are copied (sglang sorts and filters its own in place); the ints
+    are ``prefix_len`` and ``len(output_ids)`` per request, the KV counts and
+    flags. ``build()`` adds the fields that never change once a request is
+    queued.
+    """
+
+    __slots__ = (
+        "t_ns", "dur_ns", "repeat", "idle_before",
+        "waiting", "waiting_prefix", "waiting_out", "running", "running_out",
+        "chunked", "chunked_prefix", "chunked_out", "batch_is_full_in",
+        "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
+        "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
+        "in_chunk", "budget", "events",
+    )
+
+    def __init__(self, scheduler: Any, running_batch: Any, t_ns: int) -> None:
+        """Pass entry: everything the pass reads that may change before the writer gets to it."""
+        self.t_ns = t_ns
+        self.dur_ns = 0
+        self.repeat = 1
+        self.idle_before = 0
+        waiting = list(scheduler.waiting_queue)
+        self.waiting = waiting
+        self.waiting_prefix = prefix_lens(waiting)
+        self.waiting_out = output_lens(waiting)
+        if running_batch is not None:
+            running = list(running_batch.reqs)
+            self.batch_is_full_in = bool(running_batch.batch_is_full)
+        else:
+            running = []
+            self.batch_is_full_in = False
+        self.running = running
+        self.running_out = output_lens(running)
+        chunked = scheduler.chunked_req
+        self.chunked = chunked
+        if chunked is not None:
+            self.chunked_prefix = chunked.prefix_len
+            self.chunked_out = len(chunked.output_ids)
+        else:
+            self.chunked_prefix = self.chunked_out = 0
+        self.kv = pools.kv_counts(scheduler)
+        self.req_slots_free = scheduler.req_to_token_pool.available_size()
+        self.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
+        self.chunked_prefill_size = effective_chunk_size(scheduler)
+        # (req, prefix_len, extend_len, AddReqResult, locked_evictable) per add_one_req call
+        self.candidates: list[tuple] = []
+        # (req, prefix_len, extend_len) per admitted request, the continuing chunk first
+        self.admitted: list[tuple] = []
+        self.chunk: ChunkOutcome | None = None
+        self.new_chunked_rid: str | None = None
+        self.batch_is_full_out = False
+        self.error: str | None = None
+        self.in_chunk = False  # inside add_chunked_req: the budget hook keeps its result
+        self.budget: int | None = None
+        self.events: list[Record] = []  # emitted during the pass: written after it
+
+    # --- while the pass runs ---
+
+    def add_candidate(self, req: Any, prefix_len: int, result: Any, locked: int | None, admitted: bool) -> None:
+        """One ``add_one_req`` call: ``prefix_len`` as it was before the call."""
+        if admitted:
+            row = (req, req.prefix_len, req.extend_len)
+            self.admitted.append(row)
+            self.candidates.append((*row, result, locked))
+        else:
+            self.candidates.append((req, prefix_len, 0, result, locked))
+
+    def add_chunk(self, req: Any, ran: bool) -> None:
+        """The ``add_chunked_req`` call: what the budget offered the continuing chunk and what ran."""
+        size = req.extend_len if ran else None
+        self.chunk = ChunkOutcome(req.rid, self.budget, size)
+        if ran:
+            self.admitted.append((req, req.prefix_len, size))
+
+    def close(self, scheduler: Any, result: Any, error: BaseException | None, t_ns: int) -> bool:
+        """Pass exit; True if the pass is foldable (it admitted and changed nothing)."""
+        self.dur_ns = t_ns - self.t_ns
+        new_chunked = scheduler.chunked_req
+        if new_chunked is not None and new_chunked is not self.chunked:
+            self.new_chunked_rid = new_chunked.rid
+        if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
+            self.batch_is_full_out = bool(result[1].batch_is_full)
+        if error is not None:
+            self.error = error_text(error)
+        return not self.admitted and self.chunk is None and self.new_chunked_rid is None and not self.events
+
+    def fold_key(self) -> tuple:
+        """Equal keys <=> equal ``Pass`` records but for timing. ``Req`` has no
+        ``__eq__``, so its lists compare by identity; the held pass keeps them alive."""
+        return (
+            self.waiting, self.waiting_prefix, self.waiting_out, self.running, self.running_out,
+            self.chunked, self.chunked_prefix, self.chunked_out, self.batch_is_full_in, self.kv,
+            self.req_slots_free, self.new_token_ratio, self.chunked_prefill_size,
+            self.candidates, self.batch_is_full_out, self.error,
+        )
+
+    # --- writer thread ---
+
+    def build(self) -> Pass:
+        chunked = self.chunked
+        return Pass(
+            0, self.t_ns, self.dur_ns, self.repeat, self.idle_before,
+            rows.waiting_rows(self.waiting, self.waiting_prefix, self.waiting_out),
+            rows.running_rows(self.running, self.running_out),
+            rows.chunked_row(chunked, self.chunked_prefix, self.chunked_out) if chunked is not None else None,
+            self.batch_is_full_in, pools.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
+            self.chunked_prefill_size, self._candidate_rows(), self._admitted_rows(), self.chunk,
+            self.new_chunked_rid, self.batch_is_full_out, self.error,
+        )
+
+    def _candidate_rows(self) -> list[Candidate]:
+        return [
+            Candidate(req.rid, prefix_len, extend_len, getattr(result, "name", str(result)), locked)
+            for req, prefix_len, extend_len, result, locked in self.candidates
+        ]
+
+    def _admitted_rows(self) -> list[Admitted]:
+        return [Admitted(req.rid, prefix_len, extend_len) for req, prefix_len, extend_len in self.admitted]
+
 
 # Comprehensions, not ``map(attrgetter(...))``: on these many-attribute
 # objects the interpreter's specialised attribute reads are about 1.5x faster.
@@ -49,39 +162,6 @@ def prefix_lens(reqs: list) -> list[int]:
 
 def output_lens(reqs: list) -> list[int]:
     return [len(req.output_ids) for req in reqs]
-
-
-# --- writer thread: rows from references + the ints captured at pass entry ---
-
-
-def waiting_rows(reqs: list, prefix: list[int], outputs: list[int]) -> list[WaitingReq]:
-    rows = []
-    append = rows.append
-    for req, prefix_len, output_len in zip(reqs, prefix, outputs):
-        params = req.sampling_params
-        append(WaitingReq(
-            req.rid, len(req.origin_input_ids), output_len, params.max_new_tokens,
-            prefix_len, req.priority, bool(params.ignore_eos),
-        ))
-    return rows
-
-
-def running_rows(reqs: list, outputs: list[int]) -> list[RunningReq]:
-    rows = []
-    append = rows.append
-    for req, output_len in zip(reqs, outputs):
-        params = req.sampling_params
-        append(RunningReq(
-            req.rid, len(req.origin_input_ids), output_len, params.max_new_tokens, bool(params.ignore_eos),
-        ))
-    return rows
-
-
-def chunked_row(req: Any, prefix_len: int, output_len: int) -> ChunkedReq:
-    params = req.sampling_params
-    return ChunkedReq(
-        req.rid, len(req.origin_input_ids), prefix_len, params.max_new_tokens, output_len, bool(params.ignore_eos),
-    )
 
 
 def effective_chunk_size(scheduler: Any) -> int | None:
@@ -106,62 +186,3 @@ def finish_reason(req: Any) -> str:
     except Exception:  # a reason class without to_json: fall back to its name
         kind = None
     return str(kind) if kind else type(reason).__name__
-
-
-def server_args_row(args: Any) -> ServerArgs:
-    return ServerArgs(
-        schedule_policy=str(getattr(args, "schedule_policy", "")),
-        chunked_prefill_size=getattr(args, "chunked_prefill_size", None),
-        max_prefill_tokens=int(getattr(args, "max_prefill_tokens", 0) or 0),
-        page_size=int(getattr(args, "page_size", 1) or 1),
-        max_running_requests=getattr(args, "max_running_requests", None),
-        max_total_tokens=getattr(args, "max_total_tokens", None),
-        attention_backend=getattr(args, "attention_backend", None),
-        model_path=str(getattr(args, "model_path", "")),
-        enable_mixed_chunk=bool(getattr(args, "enable_mixed_chunk", False)),
-        enable_priority_scheduling=bool(getattr(args, "enable_priority_scheduling", False)),
-        disable_radix_cache=bool(getattr(args, "disable_radix_cache", False)),
-        schedule_conservativeness=float(getattr(args, "schedule_conservativeness", 1.0)),
-    )
-
-
-def scheduler_ranks(scheduler: Any) -> tuple[int, int | None]:
-    """(tp_rank, dp_rank) of the scheduler's process."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        parallel = get_parallel()
-        return int(parallel.tp_rank), parallel.dp_rank
-    except Exception:  # runtime context not published (unit use): fall back
-        return int(getattr(scheduler, "tp_rank", 0) or 0), getattr(scheduler, "dp_rank", None)
-
-
-def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pass: int) -> Header:
-    tp_rank, dp_rank = scheduler_ranks(scheduler)
-    req_pool = getattr(scheduler, "req_to_token_pool", None)
-    return Header(
-        schema_version=SCHEMA_VERSION,
-        sglang_version=installed_version("sglang"),
-        schedtrace_version=installed_version("schedtrace"),
-        host=socket.gethostname(),
-        pid=pid,
-        tp_rank=tp_rank,
-        dp_rank=dp_rank,
-        start_wall_ns=start_wall_ns,
-        server_args=server_args_row(scheduler.server_args),
-        part=part,
-        first_pass=first_pass,
-        max_req_slots=int(getattr(req_pool, "size", 0) or 0),
-        is_hybrid_swa=bool(getattr(scheduler, "is_hybrid_swa", False)),
-        is_hybrid_mamba=getattr(req_pool, "mamba_allocator", None) is not None,
-        mamba_chunk_grid=_mamba_chunk_grid(),
-    )
-
-
-def _mamba_chunk_grid() -> int:
-    try:
-        from sglang.srt.managers.schedule_policy import mamba_prefill_chunk_grid
-
-        return int(mamba_prefill_chunk_grid())
-    except Exception:  # older sglang without the grid: cuts are left alone
-        return 1

@@ -1,36 +1,51 @@
-"""Free and evictable counts of every pool the scheduler reads.
+"""Free, evictable and protected counts of every pool the scheduler reads.
 
 Full, SWA and mamba pools alike: read on the scheduler thread at pass entry
-(``kv_counts``, ints only) and turned into a ``KvSnapshot`` on the writer
-thread (``kv_row``).
+(``kv_counts``, ints only, a handful of method calls) and turned into a
+``KvSnapshot`` on the writer thread (``kv_row``). ``pool_layout`` is the
+header's fixed part: the pool classes and the sizes the hybrid budgets read.
+
+The counts are the ones sglang 0.5.23's admission reads: ``PrefillBudget``
+the full pool's (``full_evictable_size`` under a mamba tree),
+``SWAPrefillBudget`` both sides of an SWA allocator, ``ensure_mamba_capacity``
+the free mamba state slots. A plain (full-pool) model pays for two calls, as
+before; the protected counts are read only where there is a hybrid pool.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from schedtrace.tracer.contract.schema import KvSnapshot
+from schedtrace.tracer.contract.schema import KvSnapshot, PoolLayout
 
 
 def kv_counts(scheduler: Any) -> tuple:
-    """Free and evictable tokens of every pool, as ``KvSnapshot``'s field tuple."""
+    """Every pool's counts at pass entry, as ``KvSnapshot``'s field tuple."""
     allocator = scheduler.token_to_kv_pool_allocator
     tree_cache = scheduler.tree_cache
-    if getattr(scheduler, "is_hybrid_swa", False):
+    mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
+    swa = getattr(scheduler, "is_hybrid_swa", False)
+    if not swa and mamba_allocator is None:
+        return (allocator.available_size(), cache_evictable(tree_cache))
+    if swa:
         available = _call(allocator, "full_available_size", allocator.available_size)
         swa_available = _call(allocator, "swa_available_size", None)
-        evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
         swa_evictable = _call(tree_cache, "swa_evictable_size", None)
+        swa_protected = _call(tree_cache, "swa_protected_size", None)
     else:
         available = allocator.available_size()
-        evictable = tree_cache.full_evictable_size() if tree_cache.supports_mamba() else tree_cache.evictable_size()
-        swa_available = swa_evictable = None
-    mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
+        swa_available = swa_evictable = swa_protected = None
+    evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
+    protected = _call(tree_cache, "full_protected_size", tree_cache.protected_size)
     if mamba_allocator is None:
-        return (available, evictable, swa_available, swa_evictable)
+        mamba_available = mamba_evictable = mamba_protected = None
+    else:
+        mamba_available = mamba_allocator.available_size()
+        mamba_evictable = _call(tree_cache, "mamba_evictable_size", None)
+        mamba_protected = _call(tree_cache, "mamba_protected_size", None)
     return (
-        available, evictable, swa_available, swa_evictable,
-        mamba_allocator.available_size(), _call(tree_cache, "mamba_evictable_size", None),
+        available, evictable, swa_available, swa_evictable, mamba_available, mamba_evictable,
+        protected, swa_protected, mamba_protected,
     )
 
 
@@ -48,6 +63,47 @@ def cache_evictable(tree_cache: Any) -> int:
     if tree_cache.supports_mamba():
         return tree_cache.full_evictable_size()
     return tree_cache.evictable_size()
+
+
+def pool_layout(scheduler: Any) -> PoolLayout:
+    """The pool classes and the fixed sizes the hybrid budgets read (``Header.pools``)."""
+    allocator = scheduler.token_to_kv_pool_allocator
+    tree_cache = scheduler.tree_cache
+    req_pool = scheduler.req_to_token_pool
+    mamba_allocator = getattr(req_pool, "mamba_allocator", None)
+    swa = getattr(scheduler, "is_hybrid_swa", False)
+    mamba_layout: dict[str, Any] = {}
+    if mamba_allocator is not None:
+        strategy = getattr(scheduler.server_args, "mamba_radix_cache_strategy", None)
+        mamba_layout = dict(
+            mamba_size=int(mamba_allocator.size),
+            # ensure_mamba_capacity: one state slot, plus the tracking buffers a new request takes.
+            mamba_slots_per_req=1 + int(getattr(req_pool, "mamba_initial_tracking_slots", 0) or 0),
+            mamba_slot_cost=int(_call(allocator, "mamba_slot_full_token_cost", 0)),
+            mamba_strategy=None if strategy is None else str(strategy),
+            mamba_extra_buffer=bool(getattr(tree_cache, "enable_mamba_extra_buffer", False)),
+        )
+    window = getattr(tree_cache, "sliding_window_size", None) if swa else None
+    return PoolLayout(
+        allocator=type(allocator).__name__,
+        tree_cache=type(tree_cache).__name__,
+        full_size=int(getattr(allocator, "size_full", allocator.size)),
+        swa_size=int(allocator.size_swa) if swa else None,
+        swa_ring_cost=int(getattr(allocator, "swa_ring_cost_tokens", 0) or 0) if swa else 0,
+        sliding_window=None if window is None else int(window),
+        **mamba_layout,
+    )
+
+
+def exact_chunk_fill() -> bool:
+    """sglang's ``_use_exact_chunk_fill()`` here: the gate ``PrefillAdder`` ands with
+    "no mamba tree sharing prefixes" (env and gfx95 hardware, so replay cannot see it)."""
+    try:
+        from sglang.srt.managers.schedule_policy import _use_exact_chunk_fill
+
+        return bool(_use_exact_chunk_fill())
+    except Exception:  # an sglang without exact chunk fill: billed by pages
+        return False
 
 
 def _call(obj: Any, name: str, fallback: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Background writer: encodes and writes records off the scheduler thread.
+"""Background writer: builds, encodes and writes records off the scheduler thread.
 
 The scheduler thread calls ``submit`` (a ``deque.append`` and a length check,
 no lock, never blocks). When the queue holds ``queue_size`` records, the newest
@@ -6,12 +6,20 @@ record is dropped and counted; the writer later writes a ``Loss`` record with
 the exact number dropped since the last one. Because ``submit`` takes no lock,
 it is also safe from a signal handler running on the scheduler thread.
 
-The writer thread wakes every ``flush_interval_s`` (default 50 ms), drains the
-queue, numbers pass records (``Pass.seq`` and the ``pass_seq`` of events are
-assigned here, so they stay consecutive over *written* passes even when
-records are dropped), writes the batch with one ``os.write`` through
-``TraceWriter``, hands the batch to the sinks and rotates to a new part when
-the file passes ``max_bytes``.
+The writer thread wakes every ``flush_interval_s`` (default 50 ms), runs
+``on_tick`` (the recorder's control file), drains the queue, adds a ``Clock``
+record every ``policy.clock_every_s``, builds the deferred records and hands
+them to ``PartFiles`` (part_files.py: numbering, one write per batch, fsync
+policy, rotation, the disk budget, write failures), then to the sinks.
+
+Ring mode (``policy.ring_bytes`` > 0): built records go into a ``Ring`` of
+that many encoded bytes instead of a file. When a trigger fires
+(triggers.py: a stall, a failed allocation, a pass that raised, ``SIGUSR2``),
+the ring and the batch that fired are written as a new part (after a
+``Loss(reason="ring")`` counting what fell off the ring since the last
+window), and recording goes on into that part for another ``ring_bytes``
+(another trigger meanwhile extends it); then the part is closed and the ring
+fills again. Nothing is written if nothing fires.
 
 Deferred records: the producer may submit a ``Deferred`` instead of a record
 (the recorder's pass capture: references to live requests plus the ints that
@@ -29,9 +37,10 @@ GIL to a waiting thread.
 Sinks: ``sinks`` is a list of callables ``sink(records: list[Record]) -> None``.
 Each receives every batch after it has been written, in file order, on the
 writer thread; the first batch of each part starts with that part's
-``Header``. A sink with a ``close()`` method has it called once, after the
-final batch. A sink must not keep or mutate the records; whatever it raises
-is caught and counted (footer count ``sink_errors``, logged once per sink).
+``Header``. A sink with a ``close()`` method has it called once,
+after the final batch. A sink must not keep or mutate the records; whatever
+it raises is caught and counted (footer count ``sink_errors``, logged once
+per sink).
 """
 
 from __future__ import annotations
@@ -44,16 +53,17 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from schedtrace.tracer.contract.format import TraceWriter
-from schedtrace.tracer.contract.schema import Aiter, Alloc, Header, Idle, Loss, Pass, Record
+from schedtrace.tracer.contract.names import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, LOSS_RING
+from schedtrace.tracer.contract.schema import Clock, Loss, Record
+from schedtrace.tracer.recorder.part_files import HeaderFactory, PartFiles
+from schedtrace.tracer.recorder.policy import WriterPolicy
+from schedtrace.tracer.recorder.ring import Ring
+from schedtrace.tracer.recorder.triggers import Triggers
 
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[list[Record]], None]
-HeaderFactory = Callable[[int, int], Header]  # (part, first_pass) -> Header
 
-DEFAULT_QUEUE_SIZE = 65536
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_FLUSH_INTERVAL_S = 0.05
 SLICE_NS = 500_000  # longest stretch of building/encoding between GIL breaks
 GIL_BREAK_S = 0.00002  # a real sleep (not sleep(0)): the waiting thread gets the GIL
@@ -66,10 +76,6 @@ class Deferred:
 
     def build(self) -> Record:
         raise NotImplementedError
-
-
-def part_path(directory: Path, stem: str, part: int) -> Path:
-    return directory / f"{stem}.part{part:03d}.trace"
 
 
 class WriterThread:
@@ -86,36 +92,64 @@ class WriterThread:
         max_bytes: int = DEFAULT_MAX_BYTES,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         sinks: list[Sink] | None = None,
+        policy: WriterPolicy | None = None,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.stem = stem
+        self.policy = policy = policy or WriterPolicy()
         self.queue_size = max(1, queue_size)
-        self.max_bytes = max_bytes
         self.flush_interval_s = flush_interval_s
         self.sinks: list[Sink] = list(sinks or [])
-        self._make_header = make_header
         self._clock_ns = clock_ns
+        self._on_tick = on_tick
         self._queue: deque[Record] = deque()
         # Written only by the producer thread; read by the writer thread.
         self.dropped = 0
         self._dropped_reported = 0
-        self.write_errors = 0
         self.sink_errors = 0
         self.build_errors = 0
+        self.tick_errors = 0
         self._sinks_failed: set[int] = set()
         self.extra_counts: dict[str, int] = {}  # merged into every footer
-        self.next_pass_seq = 0
-        self._part_idle = 0  # idle passes counted by Idle records in this part
-        self._part_lost = 0  # records reported by Loss records in this part
-        self.part = 0
-        self.paths: list[Path] = []
+        self._next_clock = time.monotonic() + policy.clock_every_s
         self._stop = threading.Event()
         self._closed = False
         self._lock = threading.Lock()  # serialises drain() between the thread and close()
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._writer = self._open_part()
+        self._parts = PartFiles(self.directory, stem, make_header, clock_ns, max_bytes=max_bytes,
+                                policy=policy, footer_counts=self._footer_counts)
+        self.ring = Ring(policy.ring_bytes) if policy.ring else None
+        self.triggers = Triggers(make_header(0, 0)) if policy.ring else None
+        self.windows = 0  # ring mode: windows written
+        self._window_until: int | None = None  # ring mode: bytes_written at which the open window ends
+        if self.ring is None:
+            self._parts.open(strict=True)  # an unusable directory fails here, not at the first record
         self._thread = threading.Thread(target=self._run, name="schedtrace-writer", daemon=True)
         self._thread.start()
+
+    # --- what the parts say ---
+
+    @property
+    def paths(self) -> list[Path]:
+        return self._parts.paths
+
+    @property
+    def part(self) -> int:
+        return self._parts.part
+
+    @property
+    def next_pass_seq(self) -> int:
+        return self._parts.next_pass_seq
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of records this writer put in its files, over every part (headers and footers aside)."""
+        return self._parts.bytes_written
+
+    @property
+    def write_errors(self) -> int:
+        return self._parts.write_errors
 
     # --- producer side (scheduler thread) ---
 
@@ -130,16 +164,19 @@ class WriterThread:
 
     # --- writer side ---
 
-    def _open_part(self) -> TraceWriter:
-        path = part_path(self.directory, self.stem, self.part)
-        self.paths.append(path)
-        header = self._make_header(self.part, self.next_pass_seq)
-        self._unsent_header: Header | None = header  # sinks see it with the next batch
-        return TraceWriter(path, header)
-
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            if self._on_tick is not None:
+                self._tick()
             self.drain()
+
+    def _tick(self) -> None:
+        try:
+            self._on_tick()
+        except Exception:
+            self.tick_errors += 1
+            if self.tick_errors == 1:
+                logger.exception("schedtrace: the writer's periodic check failed (counted, not logged again)")
 
     def drain(self) -> None:
         """Write everything queued now (writer thread, or close)."""
@@ -150,7 +187,7 @@ class WriterThread:
 
     def _drain_locked(self) -> None:
         queue = self._queue
-        batch: list[Record] = []
+        batch: list = []
         pop = queue.popleft
         try:
             while True:
@@ -161,71 +198,72 @@ class WriterThread:
         if dropped != self._dropped_reported:
             batch.append(Loss(self._clock_ns(), dropped - self._dropped_reported))
             self._dropped_reported = dropped
-        if not batch:
-            return
-        batch = self._build_and_write(batch)
-        if batch is None:
-            return
-        if self.sinks:
-            header, self._unsent_header = self._unsent_header, None
-            self._feed_sinks([header, *batch] if header is not None else batch)
-        if self._writer.size >= self.max_bytes:
-            self._close_part()
-            self.part += 1
-            self._part_idle = self._part_lost = 0
-            self._writer = self._open_part()
+        now = time.monotonic()
+        if now >= self._next_clock:
+            batch.append(Clock(self._clock_ns(), time.time_ns()))
+            self._next_clock = now + self.policy.clock_every_s
+        if batch or (self.triggers is not None and self.triggers.requested):
+            self._build_and_write(batch)
 
-    def _build_and_write(self, queued: list) -> list[Record] | None:
-        """Build deferred records, number passes, write; in GIL-friendly slices."""
+    def _build_and_write(self, queued: list) -> None:
+        """Build deferred records and write them, in GIL-friendly slices."""
         clock = time.perf_counter_ns
-        batch: list[Record] = []
-        start = 0  # first record of the slice not yet written
+        built: list[Record] = []
         slice_start = clock()
-        seq = self.next_pass_seq
-        ok = True
-        for index, item in enumerate(queued):
+        for item in queued:
             if isinstance(item, Deferred):
                 try:
-                    record = item.build()
+                    item = item.build()
                 except Exception:
                     self.build_errors += 1
                     if self.build_errors == 1:
                         logger.exception("schedtrace: building a deferred record failed (dropped, counted)")
                     continue
-            else:
-                record = item
-            kind = type(record)
-            if kind is Pass:
-                record.seq = seq
-                seq += 1
-            elif kind is Alloc or kind is Aiter:
-                record.pass_seq = seq - 1
-            elif kind is Idle:
-                self._part_idle += record.count
-            elif kind is Loss:
-                self._part_lost += record.count
-            batch.append(record)
+            built.append(item)
             if clock() - slice_start >= SLICE_NS:
-                ok = self._write(batch[start:])
-                start = len(batch)
-                if not ok:
-                    self.write_errors += len(queued) - index - 1  # the rest is lost with it
-                    break
+                self._write(built)
+                built = []
                 time.sleep(GIL_BREAK_S)
                 slice_start = clock()
-        self.next_pass_seq = seq
-        if ok and start < len(batch):
-            ok = self._write(batch[start:])
-        return batch if ok else None
+        if built or not queued:
+            self._write(built)
 
-    def _write(self, records: list[Record]) -> bool:
-        try:
-            self._writer.write_many(records)
-        except OSError as exc:
-            self.write_errors += len(records)
-            logger.error("schedtrace: cannot write %s: %s", self._writer.path, exc)
-            return False
-        return True
+    def _write(self, records: list[Record]) -> None:
+        landed = self._parts.write(records) if self.ring is None else self._ring_write(records)
+        if self.sinks and landed:
+            start, self._parts.unsent = self._parts.unsent, []
+            self._feed_sinks(start + landed)
+
+    # --- ring mode ---
+
+    def _ring_write(self, records: list[Record]) -> list[Record]:
+        """Keep ``records`` in the ring, or write them out: with the ring when a trigger fires."""
+        assert self.ring is not None and self.triggers is not None
+        parts, ring = self._parts, self.ring
+        reason = self.triggers.check(records)
+        if self._window_until is not None:
+            landed = parts.write(records) if records else []
+            if reason is not None:
+                self._window_until = parts.bytes_written + ring.capacity
+            elif parts.bytes_written >= self._window_until:
+                parts.close_part()
+                self._window_until = None
+            return landed
+        if reason is None:
+            ring.add(records)
+            return []
+        window, discarded = ring.take()
+        window.extend(records)
+        if discarded:
+            first_t = next((r.t_ns for r in window if hasattr(r, "t_ns")), self._clock_ns())
+            window.insert(0, Loss(first_t, discarded, LOSS_RING))
+        self.windows += 1
+        landed = parts.write(window)
+        logger.info("schedtrace: ring mode, %s: wrote the last %d records to %s", reason, len(landed), parts.path)
+        self._window_until = parts.bytes_written + ring.capacity
+        return landed
+
+    # --- sinks ---
 
     def _feed_sinks(self, batch: list[Record]) -> None:
         for sink in self.sinks:
@@ -246,24 +284,14 @@ class WriterThread:
             if close is not None:
                 self._call_sink(sink, close)
 
+    # --- end ---
+
     def _footer_counts(self) -> dict[str, int]:
         counts = dict(self.extra_counts)
-        counts["idle_passes"] = self._part_idle
-        counts["lost"] = self._part_lost
-        if self.write_errors:
-            counts["write_errors"] = self.write_errors
-        if self.sink_errors:
-            counts["sink_errors"] = self.sink_errors
-        if self.build_errors:
-            counts["build_errors"] = self.build_errors
+        for name in ("sink_errors", "build_errors", "tick_errors"):
+            if getattr(self, name):
+                counts[name] = getattr(self, name)
         return counts
-
-    def _close_part(self) -> None:
-        try:
-            self._writer.close(self._clock_ns(), self._footer_counts())
-        except OSError as exc:
-            logger.error("schedtrace: cannot close %s: %s", self._writer.path, exc)
-            self._writer.abandon()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread, write what is queued, then the footer. Idempotent."""
@@ -274,25 +302,9 @@ class WriterThread:
             if self._closed:
                 return
             self._drain_locked()
-            self._close_part()
+            self._parts.close_part()
             self._closed = True
+        if self.ring is not None and not self.windows:
+            logger.info("schedtrace: ring mode: no trigger fired; the last %d records held were not written",
+                        self.ring.kept)
         self._close_sinks()
-
-    def abandon(self) -> None:
-        """Stop without footer (tests: mimic a crash after the last write)."""
-        self._stop.set()
-        self._thread.join(5.0)
-        with self._lock:
-            self._closed = True
-            self._writer.abandon()
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    def wait_idle(self, timeout_s: float = 5.0) -> None:
-        """Block until the queue is empty (tests and shutdown only)."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue and time.monotonic() < deadline:
-            time.sleep(self.flush_interval_s / 4)
-        self.drain()

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedtrace.tracer.contract.errors import SandboxError
-from schedtrace.tracer.sandbox.server import MODEL_DIR, read_log_tail, server_env, stop_process_group
+from schedtrace.tracer.sandbox.process import read_log_tail, stop_process_group
+from schedtrace.tracer.sandbox.server import MODEL_DIR, server_env
 
 BENCH_MODULE = "sglang.benchmark.serving"  # ``sglang.bench_serving`` is its deprecated alias
 
@@ -114,8 +115,16 @@ def parse_result(output_file: Path, num_prompts: int) -> LoadResult:
     )
 
 
-def run_load(url: str, spec: LoadSpec = LoadSpec(), work_dir: str | os.PathLike[str] | None = None) -> LoadResult:
+def run_load(
+    url: str,
+    spec: LoadSpec = LoadSpec(),
+    work_dir: str | os.PathLike[str] | None = None,
+    tokenizer_dir: Path = MODEL_DIR,
+) -> LoadResult:
     """Run bench_serving against ``url``; its log and result JSON go to ``work_dir``.
+
+    ``tokenizer_dir``: the served model's folder (``SandboxServer.model_dir``);
+    every sandbox model ships the same tiny tokenizer.
 
     Raises ``SandboxError`` (quoting the client's log tail) if the client
     fails, writes no result, or runs past ``spec.timeout_s``.
@@ -129,7 +138,7 @@ def run_load(url: str, spec: LoadSpec = LoadSpec(), work_dir: str | os.PathLike[
     env = server_env(os.environ, trace_dir=None, fixes=None)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            bench_command(url, spec, output_file),
+            bench_command(url, spec, output_file, tokenizer_dir),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,21 +1,23 @@
 """The embedded CPU sandbox: the real ``sglang.launch_server`` on a tiny model.
 
 ``SandboxServer`` starts the real server (tokenizer manager, scheduler and
-detokenizer processes) on CPU with the shipped tiny Llama and dummy weights,
-waits until ``/health`` answers 200, and stops the whole process group.
-The recorder plugin is switched on only through the environment: the server
-gets ``SCHEDTRACE_DIR`` when a trace directory is given and
-``SCHEDTRACE_FIXES`` when fixes are given, and neither otherwise.
+detokenizer processes; one scheduler per rank with ``tp``/``dp``) on CPU
+with a tiny dummy-weight model from the registry
+(``schedtrace.tracer.sandbox.models``), waits until ``/health`` answers
+200, and stops the whole process group. Every server process gets the
+``sgl_kernel`` import stand-in and the stand-ins its model needs through a
+``sitecustomize`` on ``PYTHONPATH``. The recorder plugin is switched on
+only through the environment: the server gets ``SCHEDTRACE_DIR`` when a
+trace directory is given and ``SCHEDTRACE_FIXES`` when fixes are given,
+and neither otherwise.
 
-    with SandboxServer(trace_dir="out/traces", extra_args=KV_PRESSURE_ARGS) as srv:
+    with SandboxServer(model="hybrid-mamba", trace_dir="out/traces", extra_args=KV_PRESSURE_ARGS) as srv:
         requests.post(srv.url + "/generate", json=...)
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,11 +27,21 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from schedtrace.tracer.contract.errors import SandboxError, ServerStartError
-from schedtrace.tracer.kernel_stub import STUB_DIR
+from schedtrace.tracer.contract.errors import SandboxError, ServerStartError, UsageError
+from schedtrace.tracer.contract.names import DIR_ENV, FIXES_ENV
+from schedtrace.tracer.sandbox.models import KV_PRESSURE_ARGS, DEFAULT_MODEL, SandboxModel, model as find_model
+from schedtrace.tracer.sandbox.process import (
+    DEFAULT_GRACEFUL_STOP_S,
+    DEFAULT_STOP_GRACE_S,
+    HOST,
+    free_port,
+    read_log_tail,
+    stop_process_group,
+)
+from schedtrace.tracer.sandbox.standins import STANDINS_ENV, env_value
 
-MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-llama"
-HOST = "127.0.0.1"
+SITE_DIR = Path(__file__).resolve().parent / "site"  # its sitecustomize arms the stand-ins
+MODEL_DIR = find_model(DEFAULT_MODEL).model_dir  # the default model's folder (config + tokenizer)
 
 # CPU, tiny model, dummy weights: what the real server needs to run here.
 BASE_LAUNCH_ARGS: tuple[str, ...] = (
@@ -45,69 +57,81 @@ BASE_LAUNCH_ARGS: tuple[str, ...] = (
 # caller's arguments, which win because argparse keeps the last value.
 DEFAULT_POOL_ARGS: tuple[str, ...] = ("--max-total-tokens", "131072")
 
-# Few running slots, big chunks and a small KV pool: with ~48 concurrent
-# 1.5k-4.5k-token prompts the scheduler chunks prefills, runs near full token
-# usage and has to queue and retract. This is the load the demo traces.
-KV_PRESSURE_ARGS: tuple[str, ...] = (
-    "--max-running-requests", "12",
-    "--chunked-prefill-size", "8192",
-    "--max-total-tokens", "40000",
-)
-
 SERVER_ENV: dict[str, str] = {
     "SGLANG_USE_CPU_ENGINE": "1",
     "CUDA_VISIBLE_DEVICES": "",
 }
-TRACE_DIR_ENV = "SCHEDTRACE_DIR"
-FIXES_ENV = "SCHEDTRACE_FIXES"
+# sglang on CPU asserts this is set for more than one rank: the cores each rank's OpenMP threads use.
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 DEFAULT_START_TIMEOUT_S = 300.0  # ~40 s alone on 2 cores; 100+ s when shared
-DEFAULT_GRACEFUL_STOP_S = 15.0
-DEFAULT_STOP_GRACE_S = 10.0
-LOG_TAIL_LINES = 40
 
 
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def threads_bind(ranks: int, cores: Sequence[int]) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for ``ranks``: an equal share of ``cores`` each.
 
-
-def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no server log)"
-    return "\n".join(text.splitlines()[-lines:])
+    ``"0|1"`` for two ranks on two cores; ranks share a core when there are more ranks than cores.
+    """
+    cores = sorted(cores)
+    if ranks >= len(cores):
+        return "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+    share = len(cores) // ranks
+    groups = [cores[i * share:(i + 1) * share] for i in range(ranks)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def server_env(
     base: Mapping[str, str],
     trace_dir: Path | None,
     fixes: str | None,
+    stand_ins: Sequence[str] = (),
+    ranks: int = 1,
 ) -> dict[str, str]:
-    """The server's environment: CPU engine, kernel stand-in, tracing switches."""
+    """The server's environment: CPU engine, stand-ins, rank binding, tracing switches."""
     env = dict(base)
     env.update(SERVER_ENV)
-    python_path = [str(STUB_DIR)]
+    python_path = [str(SITE_DIR)]
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(python_path)
-    env.pop(TRACE_DIR_ENV, None)
+    env[STANDINS_ENV] = env_value(stand_ins)
+    if ranks > 1:
+        env.setdefault(THREADS_BIND_ENV, threads_bind(ranks, sorted(os.sched_getaffinity(0))))
+    env.pop(DIR_ENV, None)
     env.pop(FIXES_ENV, None)
     if trace_dir is not None:
-        env[TRACE_DIR_ENV] = str(trace_dir)
+        env[DIR_ENV] = str(trace_dir)
     if fixes:
         env[FIXES_ENV] = fixes
     return env
 
 
-def launch_command(port: int, extra_args: Sequence[str] = (), model_dir: Path = MODEL_DIR) -> list[str]:
+def rank_args(tp: int, dp: int) -> tuple[str, ...]:
+    """``--tp``/``--dp`` flags; DP here is DP attention, which needs ``tp >= dp``."""
+    if tp < 1 or dp < 1:
+        raise UsageError(f"sandbox ranks must be >= 1, got tp={tp} dp={dp}")
+    args: tuple[str, ...] = ("--tp", str(tp)) if tp > 1 else ()
+    if dp > 1:
+        if tp % dp:
+            raise UsageError(f"DP attention needs tp to be a multiple of dp, got tp={tp} dp={dp}")
+        args += ("--dp", str(dp), "--enable-dp-attention")
+    return args
+
+
+def launch_command(
+    port: int,
+    extra_args: Sequence[str] = (),
+    sandbox_model: SandboxModel | None = None,
+    tp: int = 1,
+    dp: int = 1,
+) -> list[str]:
+    entry = sandbox_model or find_model(DEFAULT_MODEL)
     return [
         sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(model_dir),
+        "--model-path", str(entry.model_dir),
         *BASE_LAUNCH_ARGS,
+        *entry.launch_args,
+        *rank_args(tp, dp),
         "--host", HOST,
         "--port", str(port),
         *DEFAULT_POOL_ARGS,
@@ -115,108 +139,30 @@ def launch_command(port: int, extra_args: Sequence[str] = (), model_dir: Path = 
     ]
 
 
-def stop_process_group(
-    proc: subprocess.Popen,
-    graceful_s: float = DEFAULT_GRACEFUL_STOP_S,
-    grace_s: float = DEFAULT_STOP_GRACE_S,
-) -> None:
-    """Stop every process in the group ``proc`` leads, and reap ``proc``.
-
-    First SIGTERM to the leader alone: sglang then shuts its schedulers down
-    through a ShutdownReq, so they leave their loop and run their finalizers
-    (where a recorder flushes). Then SIGTERM to the whole group, then SIGKILL:
-    the scheduler and detokenizer children share the group and outlive a
-    plain kill of the parent, so a single pid is never enough.
-    """
-    pgid = proc.pid  # started with start_new_session: it leads its own group
-    phases = (
-        (lambda: _signal_pid(proc, signal.SIGTERM), graceful_s),
-        (lambda: _signal_group(pgid, signal.SIGTERM), grace_s),
-        (lambda: _signal_group(pgid, signal.SIGKILL), grace_s),
-    )
-    for send, wait_s in phases:
-        if not process_group_alive(pgid):
-            break
-        send()
-        if _wait_group_gone(proc, pgid, wait_s):
-            break
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:  # only if SIGKILL failed; never hang
-        pass
-
-
-def process_group_alive(pgid: int) -> bool:
-    """Whether any live process is left in group ``pgid`` (zombies do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not os.path.isdir("/proc"):
-        return True
-    return any(pid_alive(pid) for pid in group_members(pgid))
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids whose process group is ``pgid`` (read from /proc; zombies included)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (per /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _signal_pid(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_group_gone(proc: subprocess.Popen, pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        proc.poll()  # reap the leader so it does not linger as a zombie
-        if not process_group_alive(pgid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-
-
 class SandboxServer:
     """One real sglang server on CPU; a context manager, or ``start()``/``stop()``.
 
+    model: a registry name (``schedtrace.tracer.sandbox.models.MODELS``): ``"llama"``
+        (default), ``"hybrid-mamba"``, ``"hybrid-swa"``.
+    tp: tensor-parallel ranks (one scheduler process each, each recording its own trace).
+    dp: DP-attention ranks (``--dp N --enable-dp-attention``); tp is raised to dp if lower.
+    stand_in_forward: stand in for the model forward even where the real one runs (speed).
+    overload: add the model's overload arguments (``SandboxModel.overload_args``) before extra_args.
     trace_dir: passed as ``SCHEDTRACE_DIR`` (created if missing); None: no tracing.
     fixes: passed as ``SCHEDTRACE_FIXES`` (e.g. ``"all"``, ``"latch,one-chunk"``).
     port: fixed port, or None for a free one on 127.0.0.1.
-    extra_args: more ``sglang.launch_server`` arguments (e.g. ``KV_PRESSURE_ARGS``).
+    extra_args: more ``sglang.launch_server`` arguments (e.g. ``KV_PRESSURE_ARGS``); they win.
     log_path: where server output goes; default: a fresh temporary directory.
     """
 
     def __init__(
         self,
         *,
+        model: str = DEFAULT_MODEL,
+        tp: int = 1,
+        dp: int = 1,
+        stand_in_forward: bool = False,
+        overload: bool = False,
         trace_dir: str | os.PathLike[str] | None = None,
         fixes: str | None = None,
         port: int | None = None,
@@ -225,12 +171,16 @@ class SandboxServer:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         graceful_stop_s: float = DEFAULT_GRACEFUL_STOP_S,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-        model_dir: str | os.PathLike[str] = MODEL_DIR,
     ) -> None:
+        self.model = find_model(model)
+        self.dp = dp
+        self.tp = max(tp, dp)
+        rank_args(self.tp, self.dp)  # bad ranks fail here, not in the server
+        self.stand_in_forward = stand_in_forward
         self.trace_dir = Path(trace_dir).resolve() if trace_dir is not None else None
         self.fixes = fixes or None
         self.port = port if port is not None else free_port()
-        self.extra_args = tuple(extra_args)
+        self.extra_args = (self.model.overload_args if overload else ()) + tuple(extra_args)
         self.log_path = (
             Path(log_path).resolve()
             if log_path is not None
@@ -239,13 +189,26 @@ class SandboxServer:
         self.start_timeout_s = start_timeout_s
         self.graceful_stop_s = graceful_stop_s
         self.stop_grace_s = stop_grace_s
-        self.model_dir = Path(model_dir)
         self.start_seconds: float | None = None
         self._proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def model_dir(self) -> Path:
+        """The model folder: its config.json and the tokenizer a load client needs."""
+        return self.model.model_dir
+
+    @property
+    def stand_ins(self) -> tuple[str, ...]:
+        """The stand-ins armed in every server process (beyond the sgl_kernel import)."""
+        return self.model.stand_ins_for(self.tp, self.dp, self.stand_in_forward)
+
+    def describe(self) -> str:
+        """The model, what runs real and what is stood in for, at this server's ranks."""
+        return self.model.describe(self.stand_ins)
 
     @property
     def pid(self) -> int | None:
@@ -257,7 +220,10 @@ class SandboxServer:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
-        return launch_command(self.port, self.extra_args, self.model_dir)
+        return launch_command(self.port, self.extra_args, self.model, self.tp, self.dp)
+
+    def environment(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+        return server_env(base, self.trace_dir, self.fixes, self.stand_ins, self.tp)
 
     def start(self) -> "SandboxServer":
         """Launch and wait until healthy; raises ``ServerStartError`` with the log tail."""
@@ -266,7 +232,6 @@ class SandboxServer:
         if self.trace_dir is not None:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = server_env(os.environ, self.trace_dir, self.fixes)
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
@@ -274,7 +239,7 @@ class SandboxServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=self.environment(),
                 start_new_session=True,  # own process group, so stop() reaches every child
             )
         try:
@@ -292,14 +257,14 @@ class SandboxServer:
             code = self._proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"sglang server exited with code {code} before it was healthy; "
+                    f"sglang server ({self.model.name}) exited with code {code} before it was healthy; "
                     f"log {self.log_path}, last lines:\n{read_log_tail(self.log_path)}"
                 )
             if self._health_ok():
                 return
             time.sleep(0.5)
         raise ServerStartError(
-            f"sglang server not healthy at {self.url} after {self.start_timeout_s:.0f}s; "
+            f"sglang server ({self.model.name}) not healthy at {self.url} after {self.start_timeout_s:.0f}s; "
             f"log {self.log_path}, last lines:\n{read_log_tail(self.log_path)}"
         )
 
@@ -321,3 +286,9 @@ class SandboxServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+__all__ = [
+    "BASE_LAUNCH_ARGS", "DEFAULT_POOL_ARGS", "KV_PRESSURE_ARGS", "MODEL_DIR", "SandboxServer",
+    "free_port", "launch_command", "read_log_tail", "server_env", "stop_process_group",
+]

@@ -6,23 +6,20 @@ LRU cache), so a million-pass trace scrolls as fast as a ten-pass one.
 
 from __future__ import annotations
 
-from array import array
-from bisect import bisect_left
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.events import Click
 from textual.geometry import Region, Size
-from textual.message import Message
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from schedtrace.tui.model import PASS_HEADER, PassCache, PassRow, pass_row
+from schedtrace.tui.messages import CursorMoved
+from schedtrace.tui.model.marks import GLYPHS, Marks
+from schedtrace.tui.model.pass_cache import PassCache
+from schedtrace.tui.model.rows import PASS_HEADER, ListedPasses, PassRow, pass_row
 
 RESULT_STYLES = {
     "error": Style(color="red", bold=True),
@@ -35,9 +32,9 @@ RESULT_STYLES = {
 ROW_WIDTH = 78
 CURSOR = Style(reverse=True)
 CURSOR_FOCUSED = Style(reverse=True, bold=True)
-
-# marker(pass) -> (one character, style)
-MarkerFn = Callable[[int], tuple[str, Style]]
+MARKER_STYLES = {"error": Style(color="red", bold=True), "divergence": Style(color="bright_magenta", bold=True),
+                 "stall": Style(color="yellow")}
+NO_MARKER = (" ", None)
 
 
 def format_row(row: PassRow) -> str:
@@ -52,7 +49,11 @@ HEADER_TEXT = "  " + format_row(PASS_HEADER)
 
 
 class PassList(ScrollView, can_focus=True):
-    """Rows are pass numbers: all of them, or a filter's matches."""
+    """Rows are pass numbers: all of them, or a filter's matches.
+
+    The app binds ``listed``, ``selected`` and ``marks``; the cursor follows
+    ``selected`` and reports its own moves with ``CursorMoved``.
+    """
 
     BINDINGS = [
         Binding("up", "cursor(-1)", "Up", show=False),
@@ -66,20 +67,14 @@ class PassList(ScrollView, can_focus=True):
     PassList { height: 1fr; }
     """
 
+    listed: var[ListedPasses] = var(ListedPasses(0), always_update=True, init=False)  # watch_listed repaints
+    selected: var[int] = var(0, init=False)  # the app's selected pass; the cursor's move repaints
+    marks: reactive[Marks] = reactive(Marks, init=False)
     cursor: reactive[int] = reactive(0, always_update=True)
 
-    @dataclass
-    class Selected(Message):
-        """The cursor moved onto ``pass_no``."""
-
-        pass_no: int
-
-    def __init__(self, cache: PassCache, *, marker: MarkerFn | None = None, **kwargs) -> None:
+    def __init__(self, cache: PassCache, **kwargs) -> None:
         super().__init__(**kwargs)
         self.cache = cache
-        self.marker = marker
-        self._count = 0
-        self._rows: array | None = None  # filter matches; None = every pass
         self.decode_failure: str | None = None
         self._line_style: Style | None = None
 
@@ -87,35 +82,27 @@ class PassList(ScrollView, can_focus=True):
 
     @property
     def row_count(self) -> int:
-        return len(self._rows) if self._rows is not None else self._count
-
-    def set_rows(self, count: int, rows: array | None = None, keep_pass: int | None = None) -> None:
-        """Show ``count`` passes, or only ``rows`` (ascending pass numbers)."""
-        self._count = count
-        self._rows = rows
-        self.virtual_size = Size(ROW_WIDTH + 2, self.row_count)
-        if keep_pass is not None and self.row_count:
-            self.cursor = self.row_of(keep_pass)
-        else:
-            self.cursor = min(self.cursor, max(self.row_count - 1, 0))
-        self.refresh()
+        return len(self.listed)
 
     def pass_of(self, row: int) -> int:
-        return self._rows[row] if self._rows is not None else row
-
-    def row_of(self, pass_no: int) -> int:
-        """The row showing ``pass_no``, or the nearest one after it."""
-        if self._rows is None:
-            return max(0, min(pass_no, self._count - 1))
-        return min(bisect_left(self._rows, pass_no), max(len(self._rows) - 1, 0))
+        return self.listed.pass_of(row)
 
     @property
     def selected_pass(self) -> int | None:
         return self.pass_of(self.cursor) if self.row_count else None
 
-    def select_pass(self, pass_no: int) -> None:
-        if self.row_count:
-            self.cursor = self.row_of(pass_no)
+    def watch_listed(self, listed: ListedPasses) -> None:
+        self.virtual_size = Size(ROW_WIDTH + 2, len(listed))
+        self.cursor = listed.row_of(self.selected) if len(listed) else 0
+        self.refresh()
+
+    def watch_selected(self, pass_no: int) -> None:
+        if self.row_count and self.selected_pass != pass_no:
+            self.cursor = self.listed.row_of(pass_no)
+
+    def _marker(self, pass_no: int) -> tuple[str, Style | None]:
+        kind = self.marks.kind_at(pass_no)
+        return NO_MARKER if kind is None else (GLYPHS[kind], MARKER_STYLES[kind])
 
     # --- cursor ---
 
@@ -126,15 +113,17 @@ class PassList(ScrollView, can_focus=True):
         self._scroll_cursor_into_view()
         self.refresh()
         if self.row_count:
-            self.post_message(self.Selected(self.pass_of(new)))
+            self.post_message(CursorMoved(self.pass_of(new)))
 
     def _scroll_cursor_into_view(self) -> None:
         height = self.scrollable_content_region.height or 1
         top = int(self.scroll_y)
+        # force: new rows can arrive before the layout that gives them a scrollbar (a filter
+        # with no match, then cleared), and without one the scroll would be refused.
         if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False, immediate=True)
+            self.scroll_to(y=self.cursor, animate=False, immediate=True, force=True)
         elif self.cursor >= top + height:
-            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
+            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True, force=True)
 
     def action_cursor(self, delta: int) -> None:
         self.cursor += delta
@@ -171,7 +160,7 @@ class PassList(ScrollView, can_focus=True):
             self.decode_failure = str(exc)
             segments = [(f"  {pass_no:>8} unreadable: {exc}"[: ROW_WIDTH], Style(color="red"))]
         else:
-            mark, mark_style = self.marker(pass_no) if self.marker else (" ", None)
+            mark, mark_style = self._marker(pass_no)
             segments = [(mark, mark_style), (" ", None), (format_row(data), RESULT_STYLES.get(data.result))]
         if row == self.cursor:
             base = base + (CURSOR_FOCUSED if self.has_focus else CURSOR)

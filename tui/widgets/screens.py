@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
-from schedtrace.tui.model import LifeStep
+from schedtrace.tui.messages import RequestFailed, RequestLoaded
+from schedtrace.tui.model.lifecycle import LifeStep
 
 
 class Prompt(ModalScreen[str | None]):
@@ -74,10 +72,6 @@ class RequestScreen(Screen[int | None]):
     RequestScreen DataTable { height: 1fr; }
     """
 
-    @dataclass
-    class Loaded(Message):
-        steps: list[LifeStep]
-
     def __init__(self, rid: str) -> None:
         super().__init__()
         self.rid = rid
@@ -96,6 +90,12 @@ class RequestScreen(Screen[int | None]):
         if not table.columns:
             table.add_columns("passes", "state", "detail")
         return table
+
+    def on_request_loaded(self, message: RequestLoaded) -> None:
+        self.show_steps(message.steps, message.note)
+
+    def on_request_failed(self, message: RequestFailed) -> None:
+        self.show_failure(message.message)
 
     def show_steps(self, steps: list[LifeStep], note: str = "") -> None:
         self.steps = steps

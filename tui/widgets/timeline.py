@@ -6,24 +6,25 @@ visible); the app computes the buckets in a worker and hands them over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.events import Click, Resize
-from textual.message import Message
+from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from schedtrace.tui.model import SERIES, bucket_of, pass_of_bucket, sparkline
+from schedtrace.tui.messages import PassPicked, TimelineResized
+from schedtrace.tui.model.marks import GLYPHS
+from schedtrace.tui.model.scan import SERIES
+from schedtrace.tui.model.series import TimelineData, bucket_of, pass_of_bucket, sparkline
 
 LABELS = {"waiting": "queue", "running": "running", "kv_free": "kv free", "kv_evictable": "kv evict",
           "chunk": "chunk"}
 COLORS = {"waiting": "yellow", "running": "green", "kv_free": "blue", "kv_evictable": "cyan", "chunk": "magenta"}
 LABEL_WIDTH = 9
-MARK_STYLES = {"◆": Style(color="bright_magenta", bold=True), "✖": Style(color="red", bold=True),
-               "▬": Style(color="yellow", bold=True)}
+MARK_STYLES = {GLYPHS["divergence"]: Style(color="bright_magenta", bold=True),
+               GLYPHS["error"]: Style(color="red", bold=True), GLYPHS["stall"]: Style(color="yellow", bold=True)}
 
 
 def _runs(body: str, split: bool) -> list[tuple[int, str]]:
@@ -38,16 +39,9 @@ def _runs(body: str, split: bool) -> list[tuple[int, str]]:
     return runs
 
 
-@dataclass
-class TimelineData:
-    passes: int
-    buckets: int
-    series: dict[str, list[int]]
-    peaks: dict[str, int]
-    marks: str  # one character per bucket: "◆" divergence, "✖" error, "▬" stall, " " nothing
-
-
 class Timeline(Widget, can_focus=True):
+    """The app binds ``data``, ``selected`` (the cursor column) and ``note`` (shown until data comes)."""
+
     BINDINGS = [
         Binding("left", "step(-1)", "Earlier", show=False),
         Binding("right", "step(1)", "Later", show=False),
@@ -56,19 +50,12 @@ class Timeline(Widget, can_focus=True):
     Timeline { height: 7; border-bottom: solid $primary-darken-2; }
     """
 
-    @dataclass
-    class Selected(Message):
-        pass_no: int
-
-    @dataclass
-    class Resized(Message):
-        buckets: int
+    data: reactive[TimelineData | None] = reactive(None, init=False)
+    selected: reactive[int] = reactive(0, init=False)
+    note: reactive[str] = reactive("", init=False)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.data: TimelineData | None = None
-        self.status = "scanning trace…"
-        self.selected = 0
         self._rows_for: TimelineData | None = None
         self._rows: dict[int, tuple[str, str, Style | None, str]] = {}
 
@@ -76,20 +63,8 @@ class Timeline(Widget, can_focus=True):
     def buckets(self) -> int:
         return max(self.size.width - LABEL_WIDTH - 8, 1)
 
-    def set_data(self, data: TimelineData) -> None:
-        self.data = data
-        self.refresh()
-
-    def set_status(self, text: str) -> None:
-        self.status = text
-        self.refresh()
-
-    def select(self, pass_no: int) -> None:
-        self.selected = pass_no
-        self.refresh()
-
     def on_resize(self, event: Resize) -> None:
-        self.post_message(self.Resized(self.buckets))
+        self.post_message(TimelineResized(self.buckets))
 
     def _cursor_bucket(self) -> int | None:
         if self.data is None or not self.data.passes:
@@ -116,7 +91,7 @@ class Timeline(Widget, can_focus=True):
         data = self.data
         rows = len(SERIES)
         if data is None or data.buckets == 0:
-            text = self.status if y == rows // 2 else ""
+            text = self.note if y == rows // 2 else ""
             return Strip([Segment(text[:width], Style(dim=True))]).extend_cell_length(width)
         row = self._row(y)
         if row is None:
@@ -148,7 +123,7 @@ class Timeline(Widget, can_focus=True):
             return
         bucket = offset.x - LABEL_WIDTH
         if 0 <= bucket < self.data.buckets:
-            self.post_message(self.Selected(pass_of_bucket(bucket, 0, self.data.passes, self.data.buckets)))
+            self.post_message(PassPicked(pass_of_bucket(bucket, 0, self.data.passes, self.data.buckets)))
 
     def action_step(self, delta: int) -> None:
         cursor = self._cursor_bucket()
@@ -158,4 +133,4 @@ class Timeline(Widget, can_focus=True):
         target = pass_of_bucket(bucket, 0, self.data.passes, self.data.buckets)
         if target == self.selected:
             target = max(0, min(self.selected + delta, self.data.passes - 1))
-        self.post_message(self.Selected(target))
+        self.post_message(PassPicked(target))

@@ -1,9 +1,11 @@
-"""Regenerate the tiny Llama the CPU sandbox serves (config + tokenizer).
+"""Regenerate the tiny models the CPU sandbox serves (configs + tokenizer).
 
-Run ``python -m schedtrace.tracer.sandbox.assets.make_tiny_model`` (or this file directly). The
-output is deterministic, built offline with the ``tokenizers`` library, and is
-shipped in the repository so nothing is downloaded at run time. Weights are
-not stored: the sandbox launches sglang with ``--load-format dummy``.
+Run ``python -m schedtrace.tracer.sandbox.assets.make_tiny_model`` (or this
+file directly). The output is deterministic, built offline with the
+``tokenizers`` library, and is shipped in the repository so nothing is
+downloaded at run time. Weights are not stored: the sandbox launches sglang
+with ``--load-format dummy``. Every model folder gets the same tokenizer;
+only ``config.json`` differs (``CONFIGS``: folder name -> config).
 
 The tokenizer is a word-level vocabulary of exactly ``VOCAB_SIZE`` entries so
 that every id the dummy model can emit decodes to visible text (sglang's
@@ -19,9 +21,23 @@ VOCAB_SIZE = 512
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
-MODEL_DIR = Path(__file__).resolve().parent / "tiny-llama"
+ASSETS_DIR = Path(__file__).resolve().parent
+MODEL_DIR = ASSETS_DIR / "tiny-llama"
+
+# What every tiny config shares: the vocabulary, the special ids, fp32.
+_COMMON: dict = {
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 16384,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": UNK_ID,
+}
 
 LLAMA_CONFIG: dict = {
+    **_COMMON,
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 64,
@@ -30,16 +46,99 @@ LLAMA_CONFIG: dict = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
-    "vocab_size": VOCAB_SIZE,
-    "max_position_embeddings": 16384,
     "hidden_act": "silu",
-    "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-    "bos_token_id": BOS_ID,
-    "eos_token_id": EOS_ID,
-    "pad_token_id": UNK_ID,
+}
+
+
+# Qwen3-Next: gated-delta-net (GDN) linear attention on layer 0, full
+# attention on layer 1 (full_attention_interval 2), a 4-expert MoE.
+QWEN3_NEXT_CONFIG: dict = {
+    **_COMMON,
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "full_attention_interval": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "partial_rotary_factor": 0.25,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [],
+}
+
+# Kimi-Linear: Kimi delta attention (KDA, linear) on layer 1 and MLA (latent
+# full attention) on layer 2 (1-based in linear_attn_config), a dense MLP.
+# (With 4 experts it serves too, but its grouped top-k is torch.compile'd at
+# start-up, which the tests pay for every run.)
+KIMI_LINEAR_CONFIG: dict = {
+    **_COMMON,
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+    "q_lora_rank": None,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "mla_use_nope": True,
+    "linear_attn_config": {
+        "kda_layers": [1], "full_attn_layers": [2],
+        "num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
+    },
+}
+
+# gpt-oss: a sliding-window layer (window 128) and a full-attention layer,
+# attention sinks, a 4-expert MoE; unquantized (no mxfp4 config).
+GPT_OSS_CONFIG: dict = {
+    **_COMMON,
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "sliding_window": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "hidden_act": "silu",
+    "attention_bias": True,
+    "rope_theta": 150000.0,
+    "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 4096,
+    },
+}
+
+CONFIGS: dict[str, dict] = {
+    "tiny-llama": LLAMA_CONFIG,
+    "tiny-kimi-linear": KIMI_LINEAR_CONFIG,
+    "tiny-qwen3-next": QWEN3_NEXT_CONFIG,
+    "tiny-gpt-oss": GPT_OSS_CONFIG,
 }
 
 
@@ -80,10 +179,10 @@ def tokenizer_config() -> dict:
     }
 
 
-def write_model(out_dir: Path = MODEL_DIR) -> list[Path]:
+def write_model(out_dir: Path = MODEL_DIR, config: dict = LLAMA_CONFIG) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
-        "config.json": json.dumps(LLAMA_CONFIG, indent=1, sort_keys=True) + "\n",
+        "config.json": json.dumps(config, indent=1, sort_keys=True) + "\n",
         "tokenizer.json": build_tokenizer_json(),
         "tokenizer_config.json": json.dumps(tokenizer_config(), indent=1, sort_keys=True)
         + "\n",
@@ -102,6 +201,10 @@ def write_model(out_dir: Path = MODEL_DIR) -> list[Path]:
     return written
 
 
+def write_all(assets_dir: Path = ASSETS_DIR) -> list[Path]:
+    return [path for name, config in CONFIGS.items() for path in write_model(assets_dir / name, config)]
+
+
 if __name__ == "__main__":
-    for path in write_model():
+    for path in write_all():
         print(path)

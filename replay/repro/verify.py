@@ -1,0 +1,105 @@
+"""Run an emitted test in fresh ``python -m pytest`` processes: once on stock, once per fix.
+
+Each run copies the module (and any files it reads) into an empty folder
+with an empty ``pytest.ini``, so no conftest or project configuration of
+the place it came from takes part: the module stands alone, as it will in
+sglang's tree. ``SCHEDTRACE_FIXES`` selects the variant; schedtrace's pytest
+plugin (``schedtrace.replay.pytest_plugin``) applies it before collection.
+Outcomes come from pytest's JUnit XML: a test passed, failed on an
+``AssertionError`` (the test's own check), or broke (anything else).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from schedtrace.tracer.contract.names import FIXES_ENV, STOCK
+
+PASSED: Final = "passes"
+FAILED: Final = "fails"
+BROKEN: Final = "breaks"
+RUN_TIMEOUT_S: Final = 900.0
+
+
+def _overall(outcomes: Iterable[str]) -> str:
+    values = set(outcomes) or {BROKEN}
+    return BROKEN if BROKEN in values else FAILED if FAILED in values else PASSED
+
+
+@dataclass(frozen=True)
+class Run:
+    """One pytest process: the variant and each test's outcome."""
+
+    variant: str
+    outcomes: dict[str, str]  # "module::test" -> PASSED | FAILED | BROKEN
+    detail: str  # the first failure's message, or pytest's own complaint
+
+    @property
+    def outcome(self) -> str:
+        """The whole run's: it passes only if every test passed."""
+        return _overall(self.outcomes.values())
+
+    def module_outcome(self, module: str) -> str:
+        """One module's (its file stem), when several ran together."""
+        return _overall(v for k, v in self.outcomes.items() if k.partition("::")[0] == module)
+
+
+def _outcomes(junit: Path) -> tuple[dict[str, str], str]:
+    outcomes: dict[str, str] = {}
+    detail = ""
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname', '?').rpartition('.')[2]}::{case.get('name', '?')}"
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is None:
+            outcomes[name] = BROKEN if case.find("skipped") is not None else PASSED
+            continue
+        message = problem.get("message", "")
+        own_check = problem.tag == "failure" and message.startswith("AssertionError")
+        outcomes[name] = FAILED if own_check else BROKEN
+        if message and not detail:
+            detail = message.splitlines()[0][:300]
+    return outcomes, detail
+
+
+def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path] = ()) -> Run:
+    """``SCHEDTRACE_FIXES=variant python -m pytest modules...`` in a folder of their own."""
+    with tempfile.TemporaryDirectory(prefix="schedtrace-repro-") as tmp:
+        work = Path(tmp)
+        for path in (*modules, *extra_files):
+            shutil.copy2(path, work / path.name)
+        (work / "pytest.ini").write_text("[pytest]\n")
+        env = {k: v for k, v in os.environ.items() if k != FIXES_ENV}
+        if variant != STOCK:
+            env[FIXES_ENV] = variant
+        junit = work / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
+                   f"--junitxml={junit}", *(m.name for m in modules)]
+        try:
+            done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return Run(variant, {}, f"pytest did not finish in {RUN_TIMEOUT_S:.0f} s")
+        if not junit.exists():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+            return Run(variant, {}, tail[0][:300])
+        outcomes, detail = _outcomes(junit)
+        return Run(variant, outcomes, detail)
+
+
+def run_variants(modules: list[Path], variants: list[str], *, jobs: int = 2,
+                 extra_files: Iterable[Path] = ()) -> list[Run]:
+    """``run_pytest`` for each variant, ``jobs`` at a time, in the order given."""
+    extra = tuple(extra_files)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda v: run_pytest(modules, v, extra_files=extra), variants))

@@ -1,0 +1,155 @@
+"""Real sglang ``Req`` objects for the requests of a recorded pass.
+
+Traces hold lengths, never token ids: each request gets dummy ids of its
+recorded lengths (``TokenSource``). Building a real ``Req`` (~30 us)
+dominates a pass, so ``ReqCache`` reuses Reqs across passes where sglang
+itself keeps the same object alive:
+
+* running requests are only read before admission ends; one Req per
+  (rid, input_len, max_new_tokens, ignore_eos) gets the pass's output
+  length set in place;
+* a waiting request lives in the real queue across passes and every pass
+  re-derives its admission state (``init_next_round_input``), so a Req
+  built for an identical row is reused until a pass admits it (or the
+  pass raises); admitted Reqs were changed by admission and are dropped.
+
+Token ids come from one ``TokenSource`` for the cache's life, so every rid
+keeps one distinct id and reused and new Reqs never share a prefix.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from schedtrace.replay.sglang_env import ensure_sglang_importable
+
+ensure_sglang_importable()
+
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.contract.schema import ChunkedReq, Pass, RunningReq, WaitingReq
+
+# Row index given to the in-flight chunked request: it already holds a
+# req_to_token row; the number itself is never read.
+_HELD_ROW = 0
+
+
+@dataclass
+class TokenSource:
+    """Dummy token ids: one distinct id per request, so no two share a prefix.
+
+    Traces hold lengths, never token ids; an id of its own per request keeps
+    the waiting-queue prefix matching of cache-aware policies from inventing
+    shared prefixes the recording never had.
+    """
+
+    vocab: int = 30000
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def token_for(self, rid: str) -> int:
+        token = self.ids.get(rid)
+        if token is None:
+            token = self.ids[rid] = 1 + len(self.ids) % (self.vocab - 1)
+        return token
+
+    def tokens(self, rid: str, n: int) -> array:
+        return array("q", [self.token_for(rid)]) * n
+
+
+def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool, priority: int | None = None) -> Req:
+    if input_len < 0 or output_len < 0 or max_new < 0:
+        raise ReplayStateError(f"request {rid!r}: negative length in the record")
+    params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
+    req = Req(rid, "", tokens.tokens(rid, input_len), params, priority=priority)
+    if output_len:
+        req.output_ids = tokens.tokens(rid, output_len)  # an array("q"), as sglang keeps it
+    return req
+
+
+def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
+    req = _make_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority)
+    # Queue order at pass entry is the arrival order the policies tie-break on.
+    req.time_stats.wait_queue_entry_time = float(order)
+    if w.output_len:
+        req.is_retracted = True
+        req.retracted_stain = True
+    return req
+
+
+def running_req(tokens: TokenSource, r: RunningReq) -> Req:
+    req = _make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos)
+    req.kv.req_pool_idx = _HELD_ROW
+    return req
+
+
+def chunked_req(tokens: TokenSource, c: ChunkedReq) -> Req:
+    if not 0 <= c.prefix_len <= c.input_len + c.output_len:
+        raise ReplayStateError(f"chunked request {c.rid!r}: prefix {c.prefix_len} outside its {c.input_len} tokens")
+    req = _make_req(tokens, c.rid, c.input_len, c.output_len, c.max_new_tokens, c.ignore_eos)
+    req.refresh_fill_ids()
+    req.prefix_len = c.prefix_len
+    req.extend_end = c.prefix_len
+    req.kv.req_pool_idx = _HELD_ROW
+    req.kv.cache_protected_len = c.prefix_len
+    return req
+
+
+class ReqCache:
+    """Reqs reused across passes (see the module docstring)."""
+
+    LIMIT = 8192  # cached Reqs before the cache starts over
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens = TokenSource()
+        self._running: dict[tuple, Req] = {}
+        self._waiting: dict[tuple, Req] = {}
+
+    def reqs(self, p: Pass) -> tuple[list[Req], list[Req]]:
+        """(waiting, running) Reqs of ``p``; call ``release`` after the pass."""
+        if len(self._waiting) + len(self._running) > self.LIMIT:
+            self.reset()
+        return (
+            [self._waiting_req(w, n) for n, w in enumerate(p.waiting)],
+            [self._running_req(r) for r in p.running],
+        )
+
+    def _running_req(self, r: RunningReq) -> Req:
+        key = (r.rid, r.input_len, r.max_new_tokens, r.ignore_eos)
+        req = self._running.get(key)
+        if req is None:
+            req = self._running[key] = running_req(self.tokens, r)
+        else:
+            output = req.output_ids  # decode grew it since the last pass: resize in place
+            have = len(output)
+            if have < r.output_len:
+                output.extend([self.tokens.token_for(r.rid)] * (r.output_len - have))
+            elif have > r.output_len:
+                del output[r.output_len :]
+        return req
+
+    def _waiting_req(self, w: WaitingReq, order: int) -> Req:
+        key = msgspec.structs.astuple(w)
+        req = self._waiting.get(key)
+        if req is None:
+            req = self._waiting[key] = waiting_req(self.tokens, w, order)
+        else:
+            req.time_stats.wait_queue_entry_time = float(order)
+        return req
+
+    def release(self, p: Pass, waiting: list[Req], admitted_reqs: list[Any] | None) -> None:
+        """Drop every Req this pass changed beyond re-derivable state (None: the pass raised)."""
+        if admitted_reqs is not None and not admitted_reqs:
+            return
+        changed = None if admitted_reqs is None else {id(r) for r in admitted_reqs}
+        for w, req in zip(p.waiting, waiting):
+            if changed is None or id(req) in changed:
+                self._waiting.pop(msgspec.structs.astuple(w), None)

@@ -1,0 +1,162 @@
+"""Options and arguments more than one command takes, each declared once.
+
+Everything here is checked while click parses, before a command imports
+sglang: a missing trace or a misspelt arm fails in a fraction of a second,
+not after the 12 s sglang import.
+
+``--json PATH`` means one thing in every command: write the command's JSON
+to PATH; ``-`` writes it to stdout in place of the human summary.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from schedtrace.tracer.contract.errors import SchedtraceError, UsageError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK
+
+F = TypeVar("F", bound=Callable[..., Any])
+STDOUT = "-"
+# Two workers beat one on long traces even on 2 shared cores (bench/bench_replay.py);
+# the engine uses one process below 2 * MIN_PASSES_PER_JOB pass records anyway.
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)
+_ALIAS_KEY = "schedtrace.stall_passes_alias"
+
+
+class TraceFile(click.ParamType):
+    """A trace path, opened once to check it: missing, a directory, empty or
+    not a trace is the reader's own one-line error, raised now."""
+
+    name = "trace"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        path = Path(value)
+        TraceReader(path).close()  # raises a TraceError naming the file and offset
+        return path
+
+
+class Variant(click.ParamType):
+    """An arm: ``stock``, ``fixed``, a fix name or a comma list of fixes."""
+
+    name = "arm"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        # variants parses names only; it imports no sglang (tests/test_cli.py checks).
+        from schedtrace.replay.variants import parse_variant
+
+        try:
+            parse_variant(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+TRACE = TraceFile()
+VARIANT = Variant()
+
+
+def trace_argument(f: F) -> F:
+    return click.argument("trace", type=TRACE)(f)
+
+
+def old_new_options(old: str | None = STOCK, new: str | None = FIXED, why: str = "") -> Callable[[F], F]:
+    """``--old`` (the baseline arm) and ``--new`` (the arm compared with it)."""
+    def decorate(f: F) -> F:
+        f = click.option("--new", type=VARIANT, default=new, show_default=new is not None,
+                         help=f"The arm compared with the baseline{why}.")(f)
+        return click.option("--old", type=VARIANT, default=old, show_default=old is not None,
+                            help=f"The baseline arm{why}: stock, fixed, a fix or a comma list.")(f)
+    return decorate
+
+
+def _stall_passes_alias(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        click.echo(f"schedtrace: warning: {param.opts[0]} is deprecated; use --stall-passes", err=True)
+        ctx.meta[_ALIAS_KEY] = value
+
+
+def _stall_passes(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    alias = ctx.meta.get(_ALIAS_KEY)
+    if alias is None:
+        return value
+    if ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+        raise click.BadParameter("give it once, not also under its deprecated name", ctx, param)
+    return alias
+
+
+def stall_passes_option(*deprecated: str) -> Callable[[F], F]:
+    """``--stall-passes N`` with the one default; ``deprecated`` names stay accepted, hidden."""
+    def decorate(f: F) -> F:
+        f = click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_STALL_PASSES,
+                         metavar="N", show_default=True, callback=_stall_passes,
+                         help="A stall: this many consecutive passes (repeats counted) that admit nothing "
+                         "although a request slot is free and the head request fits in free + evictable KV.")(f)
+        for name in deprecated:
+            # Eager, so it is seen before --stall-passes whatever the order on the command line.
+            f = click.option(name, type=click.IntRange(min=1), default=None, hidden=True, is_eager=True,
+                             expose_value=False, callback=_stall_passes_alias)(f)
+        return f
+    return decorate
+
+
+def from_pass_option(f: F) -> F:
+    return click.option("--from", "from_pass", type=click.IntRange(min=0), default=0, metavar="PASS", show_default=True,
+                        help="Closed loop: start from this recorded pass.")(f)
+
+
+def jobs_option(f: F) -> F:
+    return click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, metavar="N", show_default=True,
+                        help="Worker processes for long traces (used from 4000 pass records up).")(f)
+
+
+def _json_target(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None or value == STDOUT:
+        return value
+    if Path(value).is_dir():
+        raise click.BadParameter(f"{value} is a directory, expected a file", ctx, param)
+    try:
+        TraceReader(value).close()
+    except SchedtraceError:
+        return value  # not a trace (or not there yet): safe to write
+    # `info --json a.trace b.trace` (the old flag form) must not overwrite a.trace.
+    raise click.BadParameter(f"{value} is a trace file; refusing to overwrite it", ctx, param)
+
+
+def json_option(what: str) -> Callable[[F], F]:
+    return click.option("--json", "json_out", metavar="PATH", callback=_json_target,
+                        help=f"Write {what} as JSON to PATH ('-': stdout, instead of the summary).")
+
+
+@contextmanager
+def atomic_output(target: str) -> Iterator[IO[bytes]]:
+    """A binary file that becomes ``target`` only when complete ('-': stdout)."""
+    if target == STDOUT:
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    path = Path(target)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as out:
+            yield out
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write: {exc.strerror}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)  # never leave half a JSON file behind
+        raise
+    os.replace(partial, path)
+
+
+def write_json(target: str, data: bytes) -> None:
+    with atomic_output(target) as out:
+        out.write(data)

@@ -1,0 +1,448 @@
+"""Read one trace file: streaming, by pass number, checked, bounded.
+
+Untrusted input: no record may exceed ``max_record_bytes``, every failure
+is a ``TraceFormatError`` naming the file and a byte offset inside it, and
+nothing read is trusted before it is checked. A framed trace (framing.py)
+is checked against its batch checksums once, on first need (a hash of the
+data, no parsing); a v1 trace is stepped over record by record instead.
+
+Damaged regions become ``gaps``. By default reading stops at the first one
+with a ``TraceDamagedError`` (records before it are returned), and a footer
+or tail that fails its checks refuses the file; ``skip_damaged=True`` reads
+on past every gap, reads a file whose footer fails as one that was not
+closed, and ``gaps`` lists what was lost. ``closed_cleanly`` is true only for a file with a checked footer and
+no gap. Pass numbers are checked against ``Pass.seq``: ``pass_at(n)``
+returns the pass whose seq is ``header.first_pass + n``, or raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from array import array
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterator
+from typing import Final
+
+import msgspec
+
+from schedtrace.tracer.contract.codec import DATA_DECODERS, DECODERS, MAX_RECORD_BYTES, peek_tag
+from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError, TraceNotFoundError, TraceVersionError
+from schedtrace.tracer.contract.footer import read_footer
+from schedtrace.tracer.contract.frames import BadBytes, frame_end, frames
+from schedtrace.tracer.contract.framing import (
+    FIRST_BATCH_WINDOW,
+    MARKER_PREFIX,
+    MARKER_SIZE,
+    MARKER_TAG,
+    TORN,
+    Gap,
+    Marker,
+    header_seed,
+    marker_checks,
+    read_marker,
+)
+from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TAG, Footer, Header, Pass, Record
+from schedtrace.tracer.contract.pass_index import number_passes
+from schedtrace.tracer.contract.verify import PEEK_BYTES, Integrity, check_framed, check_plain, note_pass, walk_plain
+
+RELEASE_AFTER_CHECK_BYTES: Final = 64 << 20  # a check of a file this big drops the pages it touched
+FINGERPRINT_TAIL_BYTES: Final = 4096
+
+
+class TraceReader:
+    """Random and streaming access to one trace file (see the module doc)."""
+
+    def __init__(self, path: str | os.PathLike, *, max_record_bytes: int = MAX_RECORD_BYTES,
+                 skip_damaged: bool = False) -> None:
+        self.path = str(path)
+        self.max_record_bytes = max_record_bytes
+        self.skip_damaged = skip_damaged
+        self._mm = self._view = None
+        try:
+            self._file = open(self.path, "rb")
+        except FileNotFoundError:
+            raise TraceNotFoundError(self.path, "no such file") from None
+        except IsADirectoryError:
+            raise TraceNotFoundError(self.path, "is a directory, expected a trace file") from None
+        except OSError as exc:
+            raise TraceNotFoundError(self.path, f"cannot open: {exc.strerror}") from None
+        self.file_size = os.fstat(self._file.fileno()).st_size
+        if self.file_size == 0:
+            self.close()
+            raise TraceFormatError(self.path, 0, "empty file, expected a header record")
+        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self._view = memoryview(self._mm)
+        self.unknown_records: Counter[str] = Counter()
+        self.footer: Footer | None = None
+        self._pass_offsets: array | None = None
+        self._first_pass_checked = False
+        self._found: Integrity | None = None
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        self.header, self._header_end = self._read_header()
+        self._torn_at_header = False
+        self._seed = self._read_first_marker()
+        if self.header.schema_version > SCHEMA_VERSION:
+            raise TraceVersionError(
+                self.path, f"schema version {self.header.schema_version} is newer than this reader ({SCHEMA_VERSION})")
+        self._data_start = self._header_end + (MARKER_SIZE if self.framed and not self._torn_at_header else 0)
+        self._data_end = self.file_size
+        self._footer_records: int | None = None
+        self._footer_gap: Gap | None = None
+        try:
+            info = None if self._torn_at_header else read_footer(
+                self._mm, self._view, self.path, self.file_size, self._data_start, seed=self._seed,
+                max_record_bytes=self.max_record_bytes)
+        except TraceFormatError as exc:
+            if not self.skip_damaged:
+                raise
+            # Read on as a file that was not closed; the tail is the unreadable part.
+            info = None
+            self._footer_gap = Gap(start=self.file_size - TAIL_SIZE, end=self.file_size, lost=0,
+                                   reason=f"footer not used: {str(exc).removeprefix(self.path + ': ')}")
+        if info is not None:
+            self.footer, self._footer_offset = info.footer, info.offset
+            self._data_end, self._footer_records = info.data_end, info.records_before
+            self._pass_offsets = info.pass_offsets
+
+    # --- lifecycle ---
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        self._file.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- what the file is ---
+
+    @property
+    def framed(self) -> bool:
+        """Whether the file carries batch markers and checksums (v1 traces do not)."""
+        return self._seed is not None
+
+    def verify(self) -> list[Gap]:
+        """Check the whole data region now (once); the unreadable regions, in file order."""
+        return self._integrity().gaps
+
+    @property
+    def gaps(self) -> list[Gap]:
+        return self._integrity().gaps
+
+    @property
+    def closed_cleanly(self) -> bool:
+        """A checked footer and tail, and no unreadable region anywhere."""
+        return self.footer is not None and not self._integrity().gaps
+
+    @property
+    def truncated_at(self) -> int | None:
+        """A torn tail (the writer stopped mid-write): readable data ends at this offset."""
+        return self._integrity().truncated_at
+
+    @truncated_at.setter
+    def truncated_at(self, offset: int | None) -> None:
+        self._integrity().truncated_at = offset
+
+    @property
+    def unchecked_from(self) -> int | None:
+        """Framed, not closed: records from this offset on have no checksum (a torn or unframed last batch)."""
+        return self._integrity().unchecked_from
+
+    @property
+    def data_end(self) -> int:
+        """Offset just past the last data record (footer, marker and tail excluded)."""
+        return self._integrity().data_end
+
+    def fingerprint(self) -> str:
+        """Names this exact file: a hash of its header bytes, its size and its last bytes."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(self._mm[: self._header_end])
+        digest.update(self.file_size.to_bytes(8, "big"))
+        digest.update(self._mm[max(0, self.file_size - FINGERPRINT_TAIL_BYTES) :])
+        return f"blake2b:{digest.hexdigest()}"
+
+    # --- records ---
+
+    def records(self, start: int = 0) -> Iterator[tuple[int, Record]]:
+        """Every known record in file order with its offset, header first (footer and markers excluded)."""
+        if start <= 0:
+            yield 0, self._decode(0, self._mm[: self._header_end])
+        if not self.framed and self._found is None:
+            yield from self._walk_plain(start)  # a v1 file not yet checked is checked by this very walk
+            return
+        for region_start, region_end in self._regions(start):  # a framed file is hashed first
+            try:
+                for offset, end in frames(self._mm, region_start, region_end, self.max_record_bytes):
+                    record = self._decode(offset, self._mm[offset:end])
+                    if record is not None:
+                        yield offset, record
+            except BadBytes as bad:
+                self._frame_failed(bad, region_end)
+
+    def record_at(self, offset: int) -> Record | None:
+        """The record starting at ``offset`` (None for an unknown tag)."""
+        found = self._integrity()
+        if offset == 0:
+            return self._decode(0, self._mm[: self._header_end])
+        gap = self._gap_holding(offset)
+        if gap is not None:
+            raise TraceDamagedError(self.path, gap)
+        if not self._data_start <= offset < found.data_end:
+            raise TraceFormatError(self.path, min(max(offset, 0), self.file_size - 1),
+                                   f"no record at offset {offset}: outside the data")
+        try:
+            end = frame_end(self._mm, offset, found.data_end, self.max_record_bytes)
+        except BadBytes as bad:
+            raise TraceFormatError(self.path, bad.offset, bad.reason) from None
+        return self._decode(offset, self._mm[offset:end])
+
+    # --- passes ---
+
+    @property
+    def pass_offsets(self) -> array:
+        """Byte offset of pass ``n`` at index ``n`` (a lost pass: the start of the gap that holds it)."""
+        if self._pass_offsets is None:
+            self._pass_offsets = self._scan_pass_offsets()
+            self._first_pass_checked = True
+        elif not self._first_pass_checked:
+            self._check_first_pass()
+        return self._pass_offsets
+
+    @property
+    def pass_count(self) -> int:
+        return len(self.pass_offsets)
+
+    def pass_at(self, n: int) -> Pass:
+        """The pass with seq ``header.first_pass + n``; ``TraceDamagedError`` if it was lost."""
+        offsets = self.pass_offsets
+        if not 0 <= n < len(offsets):
+            raise IndexError(f"pass {n} out of range (trace has {len(offsets)})")
+        offset = offsets[n]
+        record = self.record_at(offset)
+        if not isinstance(record, Pass):
+            raise TraceFormatError(self.path, offset, f"index entry {n} does not point at a pass record")
+        if record.seq != self.header.first_pass + n:
+            raise TraceFormatError(self.path, offset, f"index entry {n} points at pass {record.seq}, "
+                                   f"expected {self.header.first_pass + n}")
+        return record
+
+    def passes(self, start: int = 0, stop: int | None = None) -> Iterator[Pass]:
+        """Passes ``start``..``stop`` by number; with ``skip_damaged`` the lost ones are left out."""
+        offsets = self.pass_offsets
+        stop = len(offsets) if stop is None else min(stop, len(offsets))
+        for n in range(max(start, 0), stop):
+            try:
+                yield self.pass_at(n)
+            except TraceDamagedError:
+                if not self.skip_damaged:
+                    raise
+
+    def release_pages(self, upto: int) -> None:
+        """Drop the mapped pages before ``upto`` from our resident memory.
+
+        A full scan touches every page of the map; the kernel keeps them
+        charged to this process until told they are not needed.
+        """
+        length = min(upto, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if length > 0 and self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED, 0, length)
+
+    # --- opening ---
+
+    def _read_header(self) -> tuple[Header, int]:
+        try:
+            _, end = next(frames(self._mm, 0, self.file_size, self.max_record_bytes))
+        except BadBytes as bad:
+            raise TraceFormatError(self.path, 0, "truncated header record" if bad.torn else bad.reason) from None
+        data = self._mm[:end]
+        if peek_tag(data[:PEEK_BYTES]) != "header":
+            raise TraceFormatError(self.path, 0, "expected a header record first; not a schedtrace file?")
+        try:
+            return DECODERS["header"].decode(data), end
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(self.path, 0, f"bad 'header' record: {exc}") from None
+
+    def _read_first_marker(self) -> int | None:
+        """The file's checksum seed if it is framed (checking the header), None for a v1 trace."""
+        marker = read_marker(self._mm, self._header_end, self.file_size)
+        if marker == TORN:
+            self._torn_at_header = True  # the file ends inside the header's marker: no data yet
+            return 0
+        if isinstance(marker, Marker):
+            with self._view[: self._header_end] as header_bytes:
+                seed = header_seed(header_bytes)
+            if (marker.records_before, marker.n_records, marker.n_bytes) == (0, 1, 0) and \
+                    marker_checks(self._view, marker, seed):
+                return marker.checksum
+            raise TraceFormatError(self.path, 0, "header fails its checksum (the batch marker after it does not match)")
+        if self._batches_follow():
+            raise TraceFormatError(self.path, self._header_end,
+                                   "batch markers follow the header, but not the one that checks it")
+        return None
+
+    def _batches_follow(self) -> bool:
+        """Whether a marker soon after the header leads to another (the file is framed, its first marker gone)."""
+        window_end = min(self.file_size, self._header_end + FIRST_BATCH_WINDOW)
+        at = self._mm.find(MARKER_PREFIX, self._header_end, window_end)
+        for _ in range(16):  # a few candidates: a lone marker-like run of bytes proves nothing
+            if at < 0:
+                return False
+            marker = read_marker(self._mm, at, self.file_size)
+            if isinstance(marker, Marker) and 0 < marker.n_records <= marker.n_bytes:
+                following = read_marker(self._mm, marker.end, self.file_size)
+                if isinstance(following, Marker) or marker.end == self.file_size:
+                    return True
+            at = self._mm.find(MARKER_PREFIX, at + 1, window_end)
+        return False
+
+    # --- checking ---
+
+    def _integrity(self) -> Integrity:
+        if self._found is None:
+            closed = self.footer is not None
+            if self._torn_at_header:
+                found = Integrity(data_end=self._header_end, truncated_at=self._header_end)
+            elif self.framed:
+                found = check_framed(self._mm, self._view, self._data_start, self._data_end, closed=closed,
+                                     seed=self._seed, total=self._footer_records,
+                                     max_record_bytes=self.max_record_bytes)
+            else:
+                found = check_plain(self._mm, self._data_start, self._data_end, closed=closed,
+                                    max_record_bytes=self.max_record_bytes,
+                                    resync=self._pass_offsets if closed else None)
+            self._found = self._finish(found)
+        return self._found
+
+    def _finish(self, found: Integrity) -> Integrity:
+        """A completed check: add the footer that could not be used, drop the pages it touched."""
+        if self._footer_gap is not None and not (found.gaps and found.gaps[-1].end > self._footer_gap.start):
+            found.gaps.append(self._footer_gap)
+        if self.file_size >= RELEASE_AFTER_CHECK_BYTES:
+            self.release_pages(self.file_size)
+        return found
+
+    def _walk_plain(self, start: int) -> Iterator[tuple[int, Record]]:
+        """v1: the records from ``start`` on, damage handled as found; from the start, it is the check."""
+        closed = self.footer is not None
+        found = Integrity(data_end=self._data_end)
+        for item in walk_plain(self._mm, max(start, self._data_start), self._data_end, found, closed=closed,
+                               max_record_bytes=self.max_record_bytes, resync=self._pass_offsets if closed else None,
+                               index_passes=not closed):
+            if type(item) is Gap:
+                if not self.skip_damaged:
+                    raise TraceDamagedError(self.path, item)
+                continue
+            offset, data, tag = item
+            record = self._decode(offset, data, tag)
+            if record is not None:
+                yield offset, record
+        if start <= self._data_start and self._found is None:
+            self._found = self._finish(found)
+
+    def _readable_frames(self, start: int) -> Iterator[tuple[int, int]]:
+        for region_start, region_end in self._regions(start):
+            try:
+                yield from frames(self._mm, region_start, region_end, self.max_record_bytes)
+            except BadBytes as bad:
+                self._frame_failed(bad, region_end)
+
+    def _frame_failed(self, bad: BadBytes, region_end: int) -> None:
+        """A record that will not step over inside checked data: only the torn end of the file is expected."""
+        found = self._integrity()
+        if not (bad.torn and region_end == found.data_end and found.truncated_at is not None):
+            raise TraceFormatError(self.path, bad.offset, bad.reason) from None
+
+    def _gap_holding(self, offset: int) -> Gap | None:
+        gaps = self._integrity().gaps
+        at = bisect_right(gaps, offset, key=lambda gap: gap.start) - 1
+        if at >= 0 and gaps[at].start <= offset < max(gaps[at].end, gaps[at].start + 1):
+            return gaps[at]
+        return None
+
+    def _regions(self, start: int) -> Iterator[tuple[int, int]]:
+        """The readable spans from ``start`` on; at a gap, raise (default) or step over it."""
+        found = self._integrity()
+        limit = found.data_end
+        position = max(start, self._data_start)
+        for gap in found.gaps:
+            if gap.start > limit:
+                break  # past the data (an unused footer)
+            if gap.end < position or (gap.end == position and gap.start < position):
+                continue
+            if gap.start > position:
+                yield position, gap.start
+            if not self.skip_damaged:
+                raise TraceDamagedError(self.path, gap)
+            position = max(position, gap.end)
+        if position < limit:
+            yield position, limit
+
+    def _decode(self, offset: int, data: bytes, tag: str | None = None) -> Record | None:
+        """The record in ``data`` (read at ``offset``); None for a marker, the tail or an unknown tag."""
+        if tag is None:
+            tag = peek_tag(data)
+        decoder = DATA_DECODERS.get(tag)
+        if decoder is None:
+            if tag is None:
+                raise TraceFormatError(self.path, offset, "expected a tagged record array")
+            if tag in (MARKER_TAG, TAIL_TAG):
+                return None  # framing, not a record (a bad marker is a gap already)
+            if (tag == "header") != (offset == 0) or tag == "footer":
+                raise TraceFormatError(self.path, offset, f"a {tag} record inside the data")
+            decoder = DECODERS.get(tag)
+            if decoder is None:
+                self.unknown_records[tag] += 1
+                return None
+        try:
+            return decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(self.path, offset, f"bad {tag!r} record: {exc}") from None
+
+    # --- the pass index ---
+
+    def _scan_pass_offsets(self) -> array:
+        """Index an unclosed file: one walk of the readable data, seqs checked as it goes."""
+        found = self._integrity()
+        offsets, seqs = array("Q"), array("q")
+        if self.framed:
+            for offset, frame_stop in self._readable_frames(0):
+                head = self._mm[offset : min(frame_stop, offset + PEEK_BYTES)]
+                if peek_tag(head) == "pass":
+                    note_pass(offset, head, offsets, seqs)
+        else:
+            for _ in self._regions(0):  # raises at a gap unless skip_damaged
+                pass
+            offsets, seqs = found.pass_offsets, found.pass_seqs
+        return number_passes(self.path, self.header.first_pass, self._data_start, offsets, seqs, found.gaps)
+
+    def _check_first_pass(self) -> None:
+        """The footer's index against the passes: the first readable one must have the header's first_pass."""
+        self._first_pass_checked = True
+        offsets = self._pass_offsets
+        for n, offset in enumerate(offsets):
+            if self._gap_holding(offset) is not None:
+                continue
+            record = self.record_at(offset)
+            first = self.header.first_pass
+            if not isinstance(record, Pass):
+                raise TraceFormatError(self.path, offset, f"footer index entry {n} does not point at a pass record")
+            if record.seq != first + n:
+                raise TraceFormatError(self.path, 0, f"header first_pass is {first} but pass record {n} "
+                                       f"(offset {offset}) has seq {record.seq}")
+            return

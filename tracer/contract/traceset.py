@@ -1,0 +1,449 @@
+"""Trace sets: the files of one or more server runs, grouped by run, rank and part.
+
+``open_traceset`` takes files, directories (their ``*.trace`` files) and glob
+patterns and reads only headers and footers. Run: the header's ``run_id``
+(without one: host + pid + start time, one run per process, so two runs with
+the same pid never mix). Rank: (pp, dp, tp) within the run, one process.
+Part: ordered by ``Header.part``; a missing or duplicate part, or one whose
+pass numbers do not continue the part before it, is a ``TraceSetError``
+naming the files (docs/trace-format.md, "Trace sets and ranks").
+
+``RankTrace`` reads one rank's parts as one continuous trace behind the
+``TraceReader`` interface (docs/ranks.md lists what differs).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from array import array
+from bisect import bisect_right
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import accumulate
+from pathlib import Path
+from typing import Final, NamedTuple
+
+from schedtrace.tracer.contract.errors import TraceNotFoundError, TraceSetError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Header, Pass, Record
+
+MAX_FILES: Final = 10_000  # files one set may hold: a directory is untrusted too
+OPEN_PARTS: Final = 4  # part readers a rank keeps open (a long run has hundreds of parts; fds are finite)
+SHOWN_TEXT: Final = 40  # characters of a run id or host kept in a message
+_GLOB_MAGIC: Final = re.compile(r"[*?[]")
+_PART_NAME: Final = re.compile(r"\.part(\d+)\.trace$")
+
+
+class RankKey(NamedTuple):
+    """Where a scheduler sits in the server: its ranks, in sort order."""
+
+    pp: int
+    dp: int
+    tp: int
+
+
+def rank_key(header: Header) -> RankKey:
+    return RankKey(header.pp_rank, header.dp_rank or 0, header.tp_rank)
+
+
+def rank_label(header: Header) -> str:
+    """``tp3``; ``dp1.tp3`` with data parallelism, ``pp1.tp3`` with pipeline stages."""
+    labels = []
+    if header.pp_size > 1 or header.pp_rank:
+        labels.append(f"pp{header.pp_rank}")
+    if header.dp_size > 1 or header.dp_rank:
+        labels.append(f"dp{header.dp_rank or 0}")
+    labels.append(f"tp{header.tp_rank}")
+    return ".".join(labels)
+
+
+def run_key(header: Header) -> str:
+    """The run a trace belongs to: its run id, or its process for traces without one."""
+    return header.run_id or f"{header.host}/pid{header.pid}/{header.start_wall_ns}"
+
+
+def shown(text: str) -> str:
+    """Untrusted header text cut to a length a message can carry."""
+    return text if len(text) <= SHOWN_TEXT else text[: SHOWN_TEXT - 1] + "…"
+
+
+@dataclass
+class TracePart:
+    """One file of a rank: what its header and footer said when the set was opened."""
+
+    path: Path
+    header: Header
+    file_size: int
+    has_footer: bool  # the footer's pass index was read (closed_cleanly also checks every byte: not at open)
+    pass_count: int | None  # None: no footer and not scanned yet
+    clean: bool | None = None  # closed_cleanly, once a reader of it has checked
+
+    def passes(self) -> int:
+        if self.pass_count is None:
+            with TraceReader(self.path) as reader:
+                self.pass_count = reader.pass_count  # one linear scan
+        return self.pass_count
+
+
+class RankTrace:
+    """One rank's parts read as one trace, with the ``TraceReader`` interface.
+
+    Byte offsets are global: part k's are shifted by the sizes of the parts
+    before it, so ``records(start)``, ``record_at`` and ``pass_offsets`` work
+    across parts. Pass indices run over every part (``pass_at(n)`` is pass
+    ``header.first_pass + n``). ``records()`` yields the first part's header
+    only. At most ``OPEN_PARTS`` parts stay open.
+    """
+
+    def __init__(self, *, label: str, key: RankKey, parts: list[TracePart]) -> None:
+        self.label = label
+        self.key = key
+        self.parts = tuple(parts)
+        self.header = parts[0].header
+        self.path = str(parts[0].path)
+        self._bases = [0, *accumulate(p.file_size for p in parts)][:-1]
+        self._pass_starts = [p.header.first_pass - self.header.first_pass for p in parts]
+        self._open: OrderedDict[int, TraceReader] = OrderedDict()
+        self._busy: list[tuple[int, TraceReader]] = []  # readers out of the cache, in a sequential read
+        self._unknown: Counter[str] = Counter()
+        self._torn: dict[int, int] = {}  # part index -> local offset of its torn tail
+        self._pass_offsets: array | None = None
+
+    # --- facts ---
+
+    @property
+    def closed_cleanly(self) -> bool:
+        """Every part has a checked footer and no unreadable region (each part is checked once)."""
+        for i, part in enumerate(self.parts):
+            if part.clean is None:
+                part.clean = part.has_footer and self._reader(i).closed_cleanly
+            if not part.clean:
+                return False
+        return True
+
+    @property
+    def file_size(self) -> int:
+        return sum(p.file_size for p in self.parts)
+
+    @property
+    def data_end(self) -> int:
+        return self._bases[-1] + self._reader(len(self.parts) - 1).data_end
+
+    @property
+    def truncated_at(self) -> int | None:
+        """Global offset of the first torn tail, of the parts read so far."""
+        for i, reader in self._readers():
+            if reader.truncated_at is not None:
+                self._torn.setdefault(i, reader.truncated_at)
+        first = min(self._torn, default=None)
+        return None if first is None else self._bases[first] + self._torn[first]
+
+    @property
+    def unknown_records(self) -> Counter[str]:
+        """Records of unknown tags skipped so far, over every part (a snapshot)."""
+        total = Counter(self._unknown)
+        for _, reader in self._readers():
+            total.update(reader.unknown_records)
+        return total
+
+    @property
+    def pass_count(self) -> int:
+        return self._pass_starts[-1] + self.parts[-1].passes()
+
+    @property
+    def pass_offsets(self) -> array:
+        if self._pass_offsets is None:
+            offsets = array("Q")
+            for i, base in enumerate(self._bases):
+                local = self._reader(i).pass_offsets
+                offsets.extend(local if base == 0 else (o + base for o in local))
+            self._pass_offsets = offsets
+        return self._pass_offsets
+
+    # --- reading ---
+
+    def records(self, start: int = 0) -> Iterator[tuple[int, Record]]:
+        """Every known record of every part in order, with its global offset (footers excluded)."""
+        first = max(bisect_right(self._bases, start) - 1, 0)
+        for i in range(first, len(self.parts)):
+            base = self._bases[i]
+            with _Streaming(self, i) as reader:
+                for offset, record in reader.records(start - base if i == first else 0):
+                    if i and offset == 0:
+                        continue  # a later part's own header: the trace has one
+                    yield base + offset, record
+
+    def passes(self, start: int = 0, stop: int | None = None) -> Iterator[Pass]:
+        stop = self.pass_count if stop is None else min(stop, self.pass_count)
+        start = max(start, 0)
+        for i, first in enumerate(self._pass_starts):
+            end = self._pass_starts[i + 1] if i + 1 < len(self.parts) else stop
+            if end <= start or first >= stop:
+                continue
+            with _Streaming(self, i) as reader:
+                yield from reader.passes(max(start - first, 0), min(stop, end) - first)
+
+    def pass_at(self, n: int) -> Pass:
+        count = self.pass_count
+        if not 0 <= n < count:
+            raise IndexError(f"pass {n} out of range (trace has {count})")
+        i = bisect_right(self._pass_starts, n) - 1
+        return self._reader(i).pass_at(n - self._pass_starts[i])
+
+    def record_at(self, offset: int) -> Record | None:
+        i = max(bisect_right(self._bases, offset) - 1, 0)
+        return self._reader(i).record_at(offset - self._bases[i])
+
+    def release_pages(self, upto: int) -> None:
+        for i, reader in self._readers():
+            if self._bases[i] < upto:
+                reader.release_pages(upto - self._bases[i])
+
+    # --- lifecycle ---
+
+    def close(self) -> None:
+        while self._open:
+            self._retire(*self._open.popitem(last=False))
+
+    def _readers(self) -> list[tuple[int, TraceReader]]:
+        return [*self._open.items(), *self._busy]
+
+    def _reader(self, i: int) -> TraceReader:
+        """Part ``i``'s reader for random access (opened on demand, the least recent closed)."""
+        reader = self._open.get(i)
+        if reader is not None:
+            self._open.move_to_end(i)
+            return reader
+        reader = self._open[i] = self._open_part(i)
+        while len(self._open) > OPEN_PARTS:
+            self._retire(*self._open.popitem(last=False))
+        return reader
+
+    def _open_part(self, i: int) -> TraceReader:
+        part = self.parts[i]
+        reader = TraceReader(part.path)
+        if reader.header != part.header or (i + 1 < len(self.parts) and reader.file_size != part.file_size):
+            reader.close()
+            raise TraceSetError(part.path, "changed since the trace set was opened")
+        return reader
+
+    def _retire(self, i: int, reader: TraceReader) -> None:
+        """Keep what a reader learnt (unknown tags, a torn tail), then close it."""
+        self._unknown.update(reader.unknown_records)
+        self.parts[i].clean = reader.closed_cleanly
+        if reader.truncated_at is not None:
+            self._torn.setdefault(i, reader.truncated_at)
+        reader.close()
+
+
+class _Streaming:
+    """Part ``i``'s reader, held out of the cache while one sequential read uses it (so random
+    access cannot close it meanwhile), then cached again: each part is opened and checked once."""
+
+    def __init__(self, trace: RankTrace, i: int) -> None:
+        self.trace, self.i = trace, i
+        self.reader: TraceReader | None = None
+
+    def __enter__(self) -> TraceReader:
+        self.reader = self.trace._open.pop(self.i, None) or self.trace._open_part(self.i)
+        self.trace._busy.append((self.i, self.reader))
+        return self.reader
+
+    def __exit__(self, *exc: object) -> None:
+        trace, reader = self.trace, self.reader
+        if reader is None:
+            return
+        trace._busy.remove((self.i, reader))
+        if self.i in trace._open:  # another read opened it meanwhile: keep one
+            trace._retire(self.i, reader)
+            return
+        trace._open[self.i] = reader
+        while len(trace._open) > OPEN_PARTS:
+            trace._retire(*trace._open.popitem(last=False))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One server start: its ranks in (pp, dp, tp) order."""
+
+    key: str  # run_id, or host/pid/start for a trace without one
+    ranks: tuple[RankTrace, ...]
+    notes: tuple[str, ...] = ()  # what is missing but not fatal (leading parts, ranks)
+
+    @property
+    def start_wall_ns(self) -> int:
+        return min(r.header.start_wall_ns for r in self.ranks)
+
+    @property
+    def label(self) -> str:
+        return shown(self.key)
+
+    def rank(self, selector: str | None = None) -> RankTrace:
+        """The rank named by ``selector`` (a label such as ``tp3``, or a bare tp rank), or the only one."""
+        labels = ", ".join(r.label for r in self.ranks)
+        if selector is None:
+            if len(self.ranks) == 1:
+                return self.ranks[0]
+            raise TraceSetError(self.ranks[0].path, f"run {self.label} has {len(self.ranks)} ranks ({labels}); "
+                                "choose one with --rank")
+        matches = [r for r in self.ranks if r.label == selector]
+        if not matches and selector.isdigit():
+            matches = [r for r in self.ranks if r.key.tp == int(selector)]
+        if len(matches) == 1:
+            return matches[0]
+        what = "matches several ranks" if matches else "names no rank"
+        raise TraceSetError(self.ranks[0].path, f"--rank {shown(selector)} {what} of run {self.label} ({labels})")
+
+
+@dataclass
+class TraceSet:
+    """Every run found in the files given; close it (or use ``with``) to release the files."""
+
+    files: tuple[Path, ...]
+    runs: tuple[Run, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ranks(self) -> tuple[RankTrace, ...]:
+        return tuple(r for run in self.runs for r in run.ranks)
+
+    def run(self, selector: str | None = None) -> Run:
+        """The run whose key starts with ``selector``, or the only one."""
+        runs = self.runs if selector is None else tuple(r for r in self.runs if r.key.startswith(selector))
+        if len(runs) == 1:
+            return runs[0]
+        listed = "; ".join(f"run {r.label}: {len(r.ranks)} rank(s)" for r in (runs or self.runs)[:8])
+        if selector is None:
+            message = f"the files hold {len(self.runs)} runs ({listed}); choose one with --run"
+        else:
+            message = f"--run {shown(selector)} {'matches several runs' if runs else 'names no run'} ({listed})"
+        raise TraceSetError(self.files[0], message)
+
+    def rank(self, rank: str | None = None, run: str | None = None) -> RankTrace:
+        """One rank's trace, for commands that read one: ``--run`` then ``--rank`` pick it."""
+        return self.run(run).rank(rank)
+
+    def close(self) -> None:
+        for r in self.ranks:
+            r.close()
+
+    def __enter__(self) -> TraceSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_traceset(paths: Iterable[str | os.PathLike], *, max_files: int = MAX_FILES) -> TraceSet:
+    """Read the headers of every trace under ``paths`` and group them into runs, ranks and parts."""
+    files = expand_paths(paths, max_files)
+    parts = [read_part(f) for f in files]
+    by_run: dict[str, dict[RankKey, list[TracePart]]] = {}
+    for part in parts:
+        by_run.setdefault(run_key(part.header), {}).setdefault(rank_key(part.header), []).append(part)
+    runs = [_make_run(key, ranks) for key, ranks in by_run.items()]
+    runs.sort(key=lambda r: (r.start_wall_ns, r.key))
+    return TraceSet(files=tuple(files), runs=tuple(runs), notes=tuple(n for r in runs for n in r.notes))
+
+
+def expand_paths(paths: Iterable[str | os.PathLike], max_files: int = MAX_FILES) -> list[Path]:
+    """Files, directories (their ``*.trace`` files) and glob patterns, each file once, in the order given."""
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            matches = sorted(path.glob("*.trace"))
+            if not matches:
+                raise TraceNotFoundError(str(path), "directory holds no *.trace files")
+        elif path.exists():
+            matches = [path]
+        elif _GLOB_MAGIC.search(str(raw)):
+            matches = sorted(Path(m) for m in glob.glob(str(raw)) if not Path(m).is_dir())
+            if not matches:
+                raise TraceNotFoundError(str(raw), "no trace file matches this pattern")
+        else:
+            raise TraceNotFoundError(str(path), "no such file")
+        for match in matches:
+            resolved = match.resolve()
+            if resolved not in seen:
+                seen.add(resolved)
+                found.append(match)
+            if len(found) > max_files:
+                raise TraceSetError(str(raw), f"more than {max_files} trace files; give fewer paths")
+    if not found:
+        raise TraceNotFoundError("(no path)", "no trace file given")
+    return found
+
+
+def read_part(path: Path) -> TracePart:
+    """The header and the size facts of one file; the file is closed again."""
+    with TraceReader(path) as reader:
+        has_footer = reader.footer is not None
+        count = reader.pass_count if has_footer else None  # a part without one is scanned only if needed
+        return TracePart(path=path, header=reader.header, file_size=reader.file_size, has_footer=has_footer,
+                         pass_count=count)
+
+
+def _make_run(key: str, ranks: dict[RankKey, list[TracePart]]) -> Run:
+    notes: list[str] = []
+    traces = []
+    for rank in sorted(ranks):
+        parts = _ordered_parts(key, ranks[rank])
+        label = rank_label(parts[0].header)
+        if parts[0].header.part > 0:
+            notes.append(f"{parts[0].path}: rank {label} of run {shown(key)} starts at part "
+                         f"{parts[0].header.part}; the parts before it are not in the set")
+        traces.append(RankTrace(label=label, key=rank, parts=parts))
+    notes.extend(_missing_ranks(key, traces))
+    return Run(key=key, ranks=tuple(traces), notes=tuple(notes))
+
+
+def _ordered_parts(run: str, parts: list[TracePart]) -> list[TracePart]:
+    """One rank's parts in order, checked: one process, no duplicate, no gap, pass numbers continuing."""
+    parts = sorted(parts, key=lambda p: (p.header.part, str(p.path)))
+    label = rank_label(parts[0].header)
+    for before, part in zip(parts, parts[1:]):
+        h, b = part.header, before.header
+        if (h.host, h.pid, h.start_wall_ns) != (b.host, b.pid, b.start_wall_ns):
+            raise TraceSetError(part.path, f"claims rank {label} of run {shown(run)}, as {before.path} does, "
+                                f"but from another process (pid {h.pid} vs {b.pid})")
+        if h.part == b.part:
+            raise TraceSetError(part.path, f"is part {h.part} of rank {label}, as {before.path} is")
+        if h.part != b.part + 1:
+            raise TraceSetError(_part_name(before.path, b.part + 1),
+                                f"missing: part {b.part + 1} of rank {label} (between {before.path.name} "
+                                f"and {part.path.name})")
+        end = b.first_pass + before.passes()
+        if h.first_pass != end:
+            raise TraceSetError(part.path, f"part {h.part} starts at pass {h.first_pass}, but part {b.part} "
+                                f"({before.path.name}) ends before pass {end}: parts out of order or from "
+                                "another recording")
+    return parts
+
+
+def _part_name(neighbour: Path, part: int) -> str:
+    """The file name the recorder gives part ``part`` of the rank ``neighbour`` belongs to."""
+    match = _PART_NAME.search(neighbour.name)
+    if match is None:
+        return f"part {part} of {neighbour.parent}"
+    return str(neighbour.with_name(neighbour.name[: match.start()] + f".part{part:03d}.trace"))
+
+
+def _missing_ranks(run: str, ranks: list[RankTrace]) -> Iterator[str]:
+    """The tp ranks (of tp_size) a stage should have and has not: per DP group under plain DP, where
+    each group numbers its own; over the stage under DP attention, where tp ranks span the groups."""
+    groups: dict[tuple[int, int], set[int]] = {}
+    for r in ranks:
+        dp = r.key.dp if r.header.attn_dp_size <= 1 else -1
+        groups.setdefault((r.key.pp, dp), set()).add(r.key.tp)
+    size = ranks[0].header.tp_size
+    for (pp, dp), present in sorted(groups.items()):
+        missing = sorted(set(range(size)) - present)
+        if missing and len(ranks) > 1:
+            where = f"pp {pp}" + (f", dp {dp}" if dp >= 0 else "")
+            yield (f"run {shown(run)}: tp rank(s) {', '.join(map(str, missing[:16]))} of tp_size {size} "
+                   f"({where}) are not in the set")

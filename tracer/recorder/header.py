@@ -1,0 +1,64 @@
+"""The ``Header`` of each trace part, read from the scheduler it records.
+
+Built by the writer when it opens a part (the first, and each rotation).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from schedtrace.tracer.contract.schema import SCHEMA_VERSION, Header, ServerArgs
+from schedtrace.tracer.contract.versions import installed_version
+from schedtrace.tracer.recorder import pools
+from schedtrace.tracer.recorder.ranks import read_ranks
+
+
+def server_args_row(args: Any) -> ServerArgs:
+    return ServerArgs(
+        schedule_policy=str(getattr(args, "schedule_policy", "")),
+        chunked_prefill_size=getattr(args, "chunked_prefill_size", None),
+        max_prefill_tokens=int(getattr(args, "max_prefill_tokens", 0) or 0),
+        page_size=int(getattr(args, "page_size", 1) or 1),
+        max_running_requests=getattr(args, "max_running_requests", None),
+        max_total_tokens=getattr(args, "max_total_tokens", None),
+        attention_backend=getattr(args, "attention_backend", None),
+        model_path=str(getattr(args, "model_path", "")),
+        enable_mixed_chunk=bool(getattr(args, "enable_mixed_chunk", False)),
+        enable_priority_scheduling=bool(getattr(args, "enable_priority_scheduling", False)),
+        disable_radix_cache=bool(getattr(args, "disable_radix_cache", False)),
+        schedule_conservativeness=float(getattr(args, "schedule_conservativeness", 1.0)),
+    )
+
+
+def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pass: int, run_id: str = "") -> Header:
+    ranks = read_ranks(scheduler)  # ranks and widths (ranks.py)
+    req_pool = getattr(scheduler, "req_to_token_pool", None)
+    return Header(
+        schema_version=SCHEMA_VERSION,
+        sglang_version=installed_version("sglang"),
+        schedtrace_version=installed_version("schedtrace"),
+        host=socket.gethostname(),
+        pid=pid,
+        run_id=run_id,
+        **ranks,
+        start_wall_ns=start_wall_ns,
+        server_args=server_args_row(scheduler.server_args),
+        part=part,
+        first_pass=first_pass,
+        max_req_slots=int(getattr(req_pool, "size", 0) or 0),
+        is_hybrid_swa=bool(getattr(scheduler, "is_hybrid_swa", False)),
+        is_hybrid_mamba=getattr(req_pool, "mamba_allocator", None) is not None,
+        mamba_chunk_grid=_mamba_chunk_grid(),
+        pools=pools.pool_layout(scheduler),
+        exact_chunk_fill=pools.exact_chunk_fill(),
+    )
+
+
+def _mamba_chunk_grid() -> int:
+    try:
+        from sglang.srt.managers.schedule_policy import mamba_prefill_chunk_grid
+
+        return int(mamba_prefill_chunk_grid())
+    except Exception:  # older sglang without the grid: cuts are left alone
+        return 1

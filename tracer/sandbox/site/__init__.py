@@ -1,0 +1,1 @@
+"""The sandbox server's ``sitecustomize`` folder (put first on ``PYTHONPATH``)."""
