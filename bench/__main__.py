@@ -16,6 +16,10 @@ BENCHES = (
     "bench.bench_replay",
     "bench.bench_tui",
     "bench.bench_sandbox_ab",
+    "bench.bench_sandbox_speed",
+    "bench.bench_format",
+    "bench.bench_ranks",
+    "bench.bench_repro",
 )
 
 

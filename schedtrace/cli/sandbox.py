@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from schedtrace.tracer.contract.errors import SandboxError
-from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer, read_log_tail
+from schedtrace.cli.sandbox_options import server_options, usable_trace_dir
+from schedtrace.tracer.sandbox.server import SandboxServer, read_log_tail
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -25,8 +26,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
               help="Port on 127.0.0.1 (default: a free one).")
 @click.option("--fixes", default=None, metavar="LIST",
               help="Live scheduler fixes, e.g. 'all' or 'latch,one-chunk' (sets SCHEDTRACE_FIXES).")
+@server_options
 @click.option("--overload", is_flag=True,
-              help="KV-pressure settings: " + " ".join(KV_PRESSURE_ARGS) + ".")
+              help="The model's KV-pressure settings (chunked prefill, a tight pool, few slots).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Server log file (default: a new temporary directory).")
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
@@ -34,6 +36,10 @@ def sandbox(
     trace_dir: Path | None,
     port: int | None,
     fixes: str | None,
+    model: str,
+    tp: int,
+    dp: int,
+    stand_in_forward: bool,
     overload: bool,
     log_path: Path | None,
     launch_args: tuple[str, ...],
@@ -42,12 +48,14 @@ def sandbox(
 
     Arguments after `--` go to `python -m sglang.launch_server` unchanged.
     """
-    extra = (KV_PRESSURE_ARGS if overload else ()) + tuple(launch_args)
-    server = SandboxServer(trace_dir=trace_dir, port=port, fixes=fixes, extra_args=extra,
+    trace_dir = usable_trace_dir(trace_dir)
+    server = SandboxServer(model=model, tp=tp, dp=dp, stand_in_forward=stand_in_forward, overload=overload,
+                           trace_dir=trace_dir, port=port, fixes=fixes, extra_args=launch_args,
                            log_path=log_path)
     stop_requested = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop_requested.set()) for sig in STOP_SIGNALS}
-    click.echo(f"starting sglang on CPU at {server.url} (log: {server.log_path}) ...", err=True)
+    click.echo(f"starting sglang on CPU at {server.url}: {server.describe()} (log: {server.log_path}) ...",
+               err=True)
     try:
         server.start()
         click.echo(f"ready in {server.start_seconds:.1f}s; pid {server.pid}", err=True)

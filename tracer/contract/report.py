@@ -128,6 +128,8 @@ class Report(msgspec.Struct, kw_only=True):
     # Hybrid (SWA/mamba) traces: fix name -> how it meets these pools ("applies: ...",
     # "already present: ...", "not reached: ..."); empty for a full-pool trace.
     fix_notes: dict[str, str] = {}
+    # TraceReader.fingerprint() of the trace replayed; "" in older reports.
+    trace_fingerprint: str = ""
 
 
 _json_encoder = msgspec.json.Encoder(order="sorted")
