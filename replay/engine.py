@@ -15,6 +15,9 @@ version replays with a warning, and fails only where a fix cannot apply.
 ``jobs > 1`` splits the pass records into contiguous ranges replayed in
 worker processes; their results are merged in file order, so the report is
 byte-identical to a single-process run.
+
+The trace is a file or a ``RankTrace`` (one rank's parts read as one, byte
+offsets global over the parts); workers reopen it from its part paths.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import msgspec
@@ -38,9 +43,12 @@ from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Aiter, Pass
+from schedtrace.tracer.contract.traceset import RankTrace, open_traceset
 
 logger = logging.getLogger(__name__)
 
+TraceSource = str | os.PathLike[str] | RankTrace
+Reader = TraceReader | RankTrace
 ProgressCallback = Callable[[int, int], None]  # (pass records done, total)
 DivergenceCallback = Callable[[Divergence], None]
 
@@ -182,7 +190,35 @@ def _driver(path, header) -> PassDriver:
         raise ReplayStateError(f"{path}: {exc}") from None
 
 
-def _replay_range(reader: TraceReader, replayer: _Replayer, start: int, stop: int | None, on_pass: Callable[[], None] | None = None) -> None:
+@contextmanager
+def opened(source: TraceSource) -> Iterator[Reader]:
+    """A reader of ``source``: a path is opened and closed here, a ``RankTrace`` is the caller's."""
+    if isinstance(source, RankTrace):
+        yield source
+        return
+    with TraceReader(source) as reader:
+        yield reader
+
+
+def part_paths(source: TraceSource) -> tuple[str, ...]:
+    """What a worker process needs to reopen ``source``: its files, in part order."""
+    if isinstance(source, RankTrace):
+        return tuple(str(p.path) for p in source.parts)
+    return (str(source),)
+
+
+@contextmanager
+def reopened(paths: tuple[str, ...]) -> Iterator[Reader]:
+    """``source`` again, in a worker, from ``part_paths(source)`` (same global offsets)."""
+    if len(paths) == 1:
+        with TraceReader(paths[0]) as reader:
+            yield reader
+        return
+    with open_traceset(paths) as traces:
+        yield traces.ranks[0]
+
+
+def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | None, on_pass: Callable[[], None] | None = None) -> None:
     """Replay the records from byte offset ``start`` up to (not including) ``stop``."""
     for offset, record in reader.records(start):
         if stop is not None and offset >= stop:
@@ -195,11 +231,11 @@ def _replay_range(reader: TraceReader, replayer: _Replayer, start: int, stop: in
             replayer.on_aiter(record)
 
 
-def _worker(args: tuple[str, str, str, int, int | None]) -> bytes:
+def _worker(args: tuple[tuple[str, ...], str, str, int, int | None]) -> bytes:
     """One range in a worker process; msgpack out (no pickled objects)."""
-    path, old, new, start, stop = args
-    with TraceReader(path) as reader:
-        replayer = _Replayer(_driver(path, reader.header), old, new)
+    paths, old, new, start, stop = args
+    with reopened(paths) as reader:
+        replayer = _Replayer(_driver(paths[0], reader.header), old, new)
         _replay_range(reader, replayer, start, stop)
         replayer.chunk.unknown_records = dict(reader.unknown_records)
         replayer.chunk.truncated_at = reader.truncated_at
@@ -234,7 +270,7 @@ def _merge(chunks: list[_Chunk]) -> _Chunk:
 
 
 def replay_trace(
-    path: str | os.PathLike[str],
+    path: TraceSource,
     old: str = "stock",
     new: str = "fixed",
     *,
@@ -243,22 +279,24 @@ def replay_trace(
     on_progress: ProgressCallback | None = None,
     on_divergence: DivergenceCallback | None = None,
 ) -> Report:
-    """Replay every pass of the trace at ``path`` under ``old`` and ``new``."""
+    """Replay every pass of the trace at ``path`` (a file or a rank's parts) under ``old`` and ``new``."""
     if stall_passes < 1:
         raise UsageError("--stall-passes must be at least 1")
     if jobs < 1:
         raise UsageError("--jobs must be at least 1")
     check_variants(old, new)
     warnings: list[str] = []
-    with TraceReader(path) as reader:
+    with opened(path) as reader:
+        name = reader.path
         header = reader.header
-        driver = _driver(path, header)  # before any work: refuses pools it cannot rebuild
+        driver = _driver(name, header)  # before any work: refuses pools it cannot rebuild
         installed = sglang_version()
         if header.sglang_version != installed:
             message = f"trace recorded with sglang {header.sglang_version}, replaying with {installed}"
             warnings.append(message)
-            logger.warning("%s: %s", path, message)
+            logger.warning("%s: %s", name, message)
         total = reader.pass_count  # one scan of an unclosed file; finds a torn tail
+        fingerprint = reader.fingerprint()
         done = 0
 
         def tick() -> None:
@@ -272,7 +310,7 @@ def replay_trace(
         if jobs > 1 and total >= 2 * MIN_PASSES_PER_JOB:
             jobs = min(jobs, total // MIN_PASSES_PER_JOB)
             ranges = _ranges(reader.pass_offsets, 0, jobs)
-            work = [(str(path), old, new, start, stop) for start, stop in ranges]
+            work = [(part_paths(path), old, new, start, stop) for start, stop in ranges]
             context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
             with context.Pool(jobs) as pool:
                 encoded = pool.map(_worker, work)
@@ -282,20 +320,21 @@ def replay_trace(
                     if on_divergence is not None:
                         on_divergence(divergence)
             result = _merge(chunks)
-            # Unknown records and the torn tail, as a single-process run sees them.
-            reader.unknown_records.update(result.unknown_records)
-            if result.truncated_at is not None:
-                reader.truncated_at = result.truncated_at
+            # Unknown records and the torn tail, as a single-process run sees them (kept
+            # here: a RankTrace's tallies are read-only).
+            unknown_seen = Counter(reader.unknown_records) + Counter(result.unknown_records)
+            truncated_at = result.truncated_at if result.truncated_at is not None else reader.truncated_at
             if on_progress is not None:
                 on_progress(total, total)
         else:
             replayer = _Replayer(driver, old, new, on_divergence)
             _replay_range(reader, replayer, 0, None, tick)
             result = replayer.chunk
+            unknown_seen = Counter(reader.unknown_records)
+            truncated_at = reader.truncated_at
             if on_progress is not None:
                 on_progress(done, total)
-        truncated_at = reader.truncated_at
-        unknown = dict(sorted(reader.unknown_records.items()))
+        unknown = dict(sorted(unknown_seen.items()))
         if truncated_at is not None:
             warnings.append(f"trace ends in a torn record at offset {truncated_at}; replayed the {result.passes} passes before it")
 
@@ -307,7 +346,7 @@ def replay_trace(
         stalls[arm] = scanner.finish()
     errors = {old: result.errors_old, new: result.errors_new}
     return Report(
-        trace=str(path),
+        trace=str(name),
         sglang_version=installed,
         trace_sglang_version=header.sglang_version,
         old=old,
@@ -322,4 +361,5 @@ def replay_trace(
         aiter_events=result.aiter_events,
         warnings=warnings,
         fix_notes=fix_notes(header),
+        trace_fingerprint=fingerprint,
     )

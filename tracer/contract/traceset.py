@@ -14,6 +14,8 @@ naming the files (docs/trace-format.md, "Trace sets and ranks").
 
 from __future__ import annotations
 
+import hashlib
+
 import glob
 import os
 import re
@@ -127,6 +129,15 @@ class RankTrace:
     @property
     def file_size(self) -> int:
         return sum(p.file_size for p in self.parts)
+
+    def fingerprint(self) -> str:
+        """Names these exact parts: one part's own fingerprint, or a hash of every part's."""
+        if len(self.parts) == 1:
+            return self._reader(0).fingerprint()
+        digest = hashlib.blake2b(digest_size=16)
+        for i in range(len(self.parts)):
+            digest.update(self._reader(i).fingerprint().encode())
+        return f"blake2b:{digest.hexdigest()}"
 
     @property
     def data_end(self) -> int:
