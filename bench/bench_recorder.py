@@ -205,13 +205,13 @@ class TraceStats:
         rec, writer = self.rec, self.rec.writer
         rec.flush()
         writer.drain()
-        size, seq = writer._writer.size, writer.next_pass_seq
+        size, seq = writer.bytes_written, writer.next_pass_seq
         self._drain_ns = 0
         result = run()
         rec.flush()
         self.drain()
         passes = max(writer.next_pass_seq - seq, 1)
-        self.bytes_per_pass[case] = (writer._writer.size - size) / passes
+        self.bytes_per_pass[case] = (writer.bytes_written - size) / passes
         self.writer_ns[case] = self._drain_ns / passes
         return result
 

@@ -23,6 +23,8 @@ For each stall:
   its onset; if stock does not stall there too the stall is marked
   ``reproduced: false`` and no fix set is searched.
 
+The trace is a file or a ``RankTrace`` (one rank's parts read as one).
+
 Deterministic: the same trace and options give the same report bytes.
 """
 
@@ -41,6 +43,9 @@ from schedtrace.tracer.contract.report import Decision, Stall
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.traceset import RankTrace
+
+TraceSource = str | os.PathLike[str] | RankTrace
 
 BISECT_VERSION: Final = 1
 OPEN_LOOP: Final = "open-loop"
@@ -99,7 +104,7 @@ def fix_subsets(fixes: list[str]) -> list[tuple[str, ...]]:
 class _ClosedLoops:
     """Closed-loop runs of one start pass keyed by (start, variant, bound), each run once."""
 
-    def __init__(self, reader: TraceReader, driver, stall_passes: int, max_passes: int | None) -> None:
+    def __init__(self, reader: TraceReader | RankTrace, driver, stall_passes: int, max_passes: int | None) -> None:
         self.reader = reader
         self.driver = driver
         self.stall_passes = stall_passes
@@ -170,7 +175,7 @@ def _windows(stalls: list[Stall]) -> list[tuple[int | None, Stall]]:
     return out
 
 
-def _open_loop_findings(path: str | os.PathLike[str], loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
+def _open_loop_findings(path: TraceSource, loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
     from schedtrace.replay.engine import replay_trace
 
     report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes)
@@ -223,16 +228,16 @@ def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str])
 
 
 def run_bisect(
-    path: str | os.PathLike[str],
+    path: TraceSource,
     *,
     stall_passes: int = DEFAULT_STALL_PASSES,
     from_pass: int = 0,
     max_passes: int | None = None,
     modes: tuple[str, ...] = (OPEN_LOOP, CLOSED_LOOP),
 ) -> BisectReport:
-    """Bisect every stock stall of the trace at ``path``."""
+    """Bisect every stock stall of the trace at ``path`` (a file or a rank's parts)."""
     from schedtrace.replay.driver import PassDriver
-    from schedtrace.replay.engine import check_variants
+    from schedtrace.replay.engine import check_variants, opened
     from schedtrace.replay.fixes import FIX_NAMES
     from schedtrace.replay.patching import sglang_version
 
@@ -242,13 +247,14 @@ def run_bisect(
         raise UsageError("--max-passes must be at least 1")
     fixes = sorted(FIX_NAMES)
     check_variants(STOCK, FIXED)
-    with TraceReader(path) as reader:
+    with opened(path) as reader:
         loops = _ClosedLoops(reader, PassDriver(reader.header), stall_passes, max_passes)
         open_findings = _open_loop_findings(path, loops, fixes) if OPEN_LOOP in modes else []
         closed_findings = _closed_loop_findings(loops, from_pass, fixes) if CLOSED_LOOP in modes else []
         trace_version = reader.header.sglang_version
+        name = reader.path
     return BisectReport(
-        trace=str(path),
+        trace=name,
         sglang_version=sglang_version(),
         trace_sglang_version=trace_version,
         stall_passes=stall_passes,

@@ -137,11 +137,10 @@ class StepPools:
 
 def hold(req: LoopReq, tokens: int, step: StepPools) -> None:
     """``req`` holds ``tokens``: the new pages come from the full pool, and the SWA pool's too."""
-    held = ceil_page(tokens, step.page_size)
-    grow = held - req.kv_held
+    grow = req.growth(tokens, step.page_size)  # what it shares with others is not its own
     if grow > 0:
         step.kv.take(grow)
-        req.kv_held = held
+        req.kv_held += grow
         if step.swa is not None:
             step.swa.take(grow)
             req.swa_held += grow

@@ -32,21 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import msgspec
-
+from schedtrace.replay.loop_admit import admission_plan, admit, hand_over
+from schedtrace.replay.loop_pass import replace_pass, to_pass, with_outputs  # re-exported
 from schedtrace.replay.loop_pools import (  # ceil_page: re-exported
-    FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa, swa_window_tokens,
+    FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
 )
 from schedtrace.tracer.contract.report import Decision
-from schedtrace.tracer.contract.schema import (
-    Admitted,
-    ChunkedReq,
-    ChunkOutcome,
-    KvSnapshot,
-    Pass,
-    RunningReq,
-    WaitingReq,
-)
+
+__all__ = ["LoopReq", "LoopState", "StepResult", "apply_decision", "ceil_page", "replace_pass", "to_pass",
+           "with_outputs"]
 
 
 @dataclass(eq=False)  # identity: two requests are never "equal"
@@ -57,12 +51,22 @@ class LoopReq:
     target_output: int  # output length at which it finishes (recorded Finish)
     output_len: int = 0
     prefix_len: int = 0  # waiting: cached prefix; chunked: tokens prefilled
+    # waiting: the part of the prefix match in the evictable count (the rest is shared with
+    # running requests); None: all of it
+    prefix_cached: int | None = None
     kv_tokens: int = 0  # tokens in KV (seq length held)
     kv_held: int = 0  # page-rounded tokens held
+    kv_shared: int = 0  # page-rounded tokens of its prefix held by the running request it shares them with
+    lender: str | None = None  # that request (schedtrace.replay.loop_admit)
     priority: int | None = None
     ignore_eos: bool = False
     swa_held: int = 0  # page-rounded tokens held on the SWA side (paged SWA pools)
     mamba_held: int = 0  # mamba state slots held (the state and its tracking buffers)
+    inflight: int = 0  # overlap scheduling: outputs of the last forward not yet processed (0 or 1)
+
+    def growth(self, tokens: int, page_size: int) -> int:
+        """Tokens it must add to its own to hold a sequence of ``tokens``."""
+        return ceil_page(tokens, page_size) - self.kv_shared - self.kv_held
 
     @property
     def fill_len(self) -> int:
@@ -111,7 +115,8 @@ class LoopState:
         """Everything a decision depends on; equal signatures give equal decisions."""
 
         def key(r: LoopReq) -> tuple:
-            return (r.rid, r.input_len, r.output_len, r.prefix_len, r.kv_held, r.max_new_tokens)
+            return (r.rid, r.input_len, r.output_len, r.inflight, r.prefix_len, r.prefix_cached, r.kv_held,
+                    r.max_new_tokens)
 
         return (
             tuple(key(r) for r in self.waiting),
@@ -146,126 +151,7 @@ class StepResult:
     mamba_shortfall: int = 0  # mamba state slots it asked beyond free + evictable
 
 
-# ----------------------------------------------------------------- to Pass
-
-
-def to_pass(
-    state: LoopState,
-    *,
-    seq: int,
-    t_ns: int,
-    new_token_ratio: float,
-    chunked_prefill_size: int | None,
-    pools: LoopPools = FULL_POOL,
-) -> Pass:
-    """The synthetic pass record of ``state`` (inputs only; outputs empty)."""
-    chunked = state.chunked
-    swa_free, swa_evictable = state.swa_free, state.swa_evictable
-    if pools.swa_ring_cost:  # a ring per request slot: what SWATokenToKVPoolAllocator reports
-        swa_free, swa_evictable = state.req_slots_free * pools.swa_ring_cost, 0
-    return Pass(
-        seq=seq,
-        t_ns=t_ns,
-        dur_ns=0,
-        repeat=1,
-        idle_before=0,
-        waiting=[
-            WaitingReq(
-                rid=r.rid,
-                input_len=r.input_len,
-                output_len=r.output_len,
-                max_new_tokens=r.max_new_tokens,
-                prefix_len=r.prefix_len,
-                priority=r.priority,
-                ignore_eos=r.ignore_eos,
-            )
-            for r in state.waiting
-        ],
-        running=[
-            RunningReq(
-                rid=r.rid,
-                input_len=r.input_len,
-                output_len=r.output_len,
-                max_new_tokens=r.max_new_tokens,
-                ignore_eos=r.ignore_eos,
-            )
-            for r in state.running
-        ],
-        chunked=(
-            ChunkedReq(
-                rid=chunked.rid,
-                input_len=chunked.input_len,
-                prefix_len=chunked.prefix_len,
-                max_new_tokens=chunked.max_new_tokens,
-                output_len=chunked.output_len,
-                ignore_eos=chunked.ignore_eos,
-            )
-            if chunked is not None
-            else None
-        ),
-        batch_is_full_in=state.batch_is_full,
-        kv=KvSnapshot(
-            available=state.free,
-            evictable=state.evictable,
-            swa_available=swa_free,
-            swa_evictable=swa_evictable,
-            mamba_available=state.mamba_free,
-            mamba_evictable=state.mamba_evictable,
-        ),
-        req_slots_free=state.req_slots_free,
-        new_token_ratio=new_token_ratio,
-        chunked_prefill_size=chunked_prefill_size,
-        candidates=[],
-        admitted=[],
-        chunk=None,
-        new_chunked_rid=None,
-        batch_is_full_out=state.batch_is_full,
-    )
-
-
-def with_outputs(p: Pass, decision: Decision, state_before: LoopState) -> Pass:
-    """``p`` with its output fields filled from ``decision`` (for reading back)."""
-    prefix = {r.rid: r.prefix_len for r in state_before.waiting}
-    chunk = None
-    if state_before.chunked is not None:
-        chunk = ChunkOutcome(
-            rid=state_before.chunked.rid, budget=decision.chunk_budget, size=decision.chunk_size
-        )
-    return replace_pass(
-        p,
-        admitted=[Admitted(rid=rid, prefix_len=prefix.get(rid, 0), extend_len=n) for rid, n in decision.admitted],
-        chunk=chunk,
-        new_chunked_rid=decision.new_chunked_rid,
-        batch_is_full_out=decision.batch_is_full,
-        error=decision.error,
-    )
-
-
-def replace_pass(p: Pass, **changes) -> Pass:
-    return msgspec.structs.replace(p, **changes)
-
-
 # ------------------------------------------------------------- evolution
-
-
-def _admission_need(state: LoopState, decision: Decision, page_size: int) -> tuple[int, dict[str, int]]:
-    """Tokens the pass allocates, and each admitted request's extend."""
-    by_rid = {r.rid: r for r in state.waiting}
-    extends: dict[str, int] = {}
-    need = 0
-    chunked = state.chunked
-    chunk_size = decision.chunk_size or 0
-    if chunked is not None and chunk_size > 0:
-        need += ceil_page(chunked.prefix_len + chunk_size, page_size) - chunked.kv_held
-    for rid, extend in decision.admitted:
-        if chunked is not None and rid == chunked.rid:
-            continue  # the continuing chunk, sized above
-        req = by_rid.get(rid)
-        if req is None or extend <= 0:
-            continue
-        extends[rid] = extend
-        need += ceil_page(req.prefix_len + extend, page_size) - ceil_page(req.prefix_len, page_size)
-    return max(need, 0), extends
 
 
 def apply_decision(
@@ -275,20 +161,35 @@ def apply_decision(
     page_size: int,
     radix_cache: bool,
     pools: LoopPools = FULL_POOL,
+    mixed_chunk: bool = False,
+    overlap: bool = False,
 ) -> tuple[LoopState, StepResult]:
-    """The state at the next pass's entry after ``decision`` and one forward step."""
+    """The state at the next pass's entry after ``decision`` and one forward step.
+
+    The forward step is the prefill batch when the pass built one, else the
+    running batch's decode (``Scheduler.get_next_batch_to_run``): a prefill
+    pass decodes nothing unless ``mixed_chunk`` mixes the decode into it.
+
+    ``overlap`` (sglang's overlap scheduler, ``event_loop_overlap``): a
+    step's results are processed in the next step, after that pass is
+    decided. So a pass sees the outputs of the step before it one short
+    (``inflight``), and a request that step finished still runs at its
+    entry; it decodes no more (``update_running_batch`` skips requests
+    finishing by length) and leaves at the end of the step.
+    """
     state = state.copy()
     result = StepResult()
     step = StepPools.of(state, pools, page_size, radix_cache)
     prefilled: list[LoopReq] = []  # prefills completed this pass: they run from the next pass
 
-    need, extends = _admission_need(state, decision, page_size)
+    need, plans = admission_plan(state, decision, page_size)
     # The SWA side pages the same new pages; each new request takes its mamba slots.
-    slots = len(extends) * pools.mamba_slots_per_req
+    slots = len(plans) * pools.mamba_slots_per_req
     shortfall = step.kv.shortfall(need)
     if step.swa is not None:
         shortfall = max(shortfall, step.swa.shortfall(need))
     mamba_shortfall = step.mamba.shortfall(slots) if step.mamba is not None else 0
+    prefill_batch = False  # the pass built a batch: this step's forward is its prefill
     if decision.error is not None:
         result.failed = True
     elif decision.over_ask > 0 or shortfall or mamba_shortfall:
@@ -297,22 +198,33 @@ def apply_decision(
         result.mamba_shortfall = mamba_shortfall
     else:
         state.batch_is_full = decision.batch_is_full
+        prefill_batch = bool(plans) or (state.chunked is not None and bool(decision.chunk_size))
         _advance_chunk(state, decision, step, prefilled)
-        _admit(state, decision, extends, step, prefilled, result)
+        admit(state, decision, plans, step, prefilled, result)
 
-    decoding = state.running
-    state.running = []
+    # Finished by the last step, processed only now (overlap; without it none are left here).
+    finishing = [r for r in state.running if r.output_len >= r.target_output]
+    active = [r for r in state.running if r not in finishing]
+    decoding = active if mixed_chunk or not prefill_batch else []
+    state.running = [r for r in state.running if r not in decoding]
     shrank = _decode(state, decoding, step, result)
     for req in prefilled:
         req.output_len += 1  # the prefill's forward samples the first token
         state.running.append(req)
-    for req in decoding + prefilled:
-        if req in state.running and req.output_len >= req.target_output:
-            state.running.remove(req)
-            release(req, step, cached=radix_cache)
-            state.req_slots_free += 1
-            result.finished.append(req.rid)
-            shrank = True
+    done = list(finishing)
+    if not overlap:
+        done += [r for r in decoding + prefilled if r in state.running and r.output_len >= r.target_output]
+    for req in done:
+        state.running.remove(req)
+        hand_over(req, state.requests())
+        release(req, step, cached=radix_cache)
+        state.req_slots_free += 1
+        result.finished.append(req.rid)
+        shrank = True
+    if overlap:
+        forwarded = set(map(id, decoding + prefilled))  # this step's batch: its outputs are in flight
+        for req in state.running:
+            req.inflight = 1 if id(req) in forwarded else 0
     if shrank:
         state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
     step.store(state)
@@ -332,44 +244,6 @@ def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefil
         state.chunked = None
 
 
-def _admit(
-    state: LoopState,
-    decision: Decision,
-    extends: dict[str, int],
-    step: StepPools,
-    prefilled: list[LoopReq],
-    result: StepResult,
-) -> None:
-    by_rid = {r.rid: r for r in state.waiting}
-    page_size = step.page_size
-    for rid, extend in extends.items():
-        req = by_rid[rid]
-        state.waiting.remove(req)
-        state.req_slots_free -= 1
-        result.admitted.append(rid)
-        # The matched prefix is pinned: it leaves the evictable counts.
-        cached = ceil_page(req.prefix_len, page_size)
-        req.kv_held = step.kv.pin(cached)
-        window = step.pools.swa_window
-        if step.swa is not None and window is not None:
-            req.swa_held = step.swa.pin(swa_window_tokens(cached, window, page_size))
-        if step.mamba is not None:
-            req.mamba_held = step.pools.mamba_slots_per_req
-            step.mamba.take(req.mamba_held)
-        req.prefix_len += extend
-        hold(req, req.prefix_len, step)
-        if req.prefix_len >= req.fill_len:
-            prefilled.append(req)
-        elif rid == decision.new_chunked_rid:
-            state.chunked = req  # the adder's new chunked request
-        else:
-            # An unfinished chunk the scheduler does not track (a later new
-            # chunk took the one chunked_req slot): sglang commits its output
-            # as if the prefill were done, so it runs on part of its prompt.
-            prefilled.append(req)
-            result.truncated.append(rid)
-
-
 def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: StepResult) -> bool:
     """One decode token for each of ``decoding``; retract until it fits. True if any left."""
     if not decoding:
@@ -377,7 +251,7 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
     page_size = step.page_size
 
     def growth(reqs: list[LoopReq]) -> int:
-        return sum(ceil_page(r.kv_tokens + 1, page_size) - r.kv_held for r in reqs)
+        return sum(r.growth(r.kv_tokens + 1, page_size) for r in reqs)
 
     def fits(tokens: int) -> bool:
         return step.kv.fits(tokens) and (step.swa is None or step.swa.fits(tokens))
@@ -389,15 +263,19 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
     while len(keep) > 1 and not fits(growth(keep)):
         retracted.append(keep.pop())
     for req in retracted:
+        hand_over(req, [*keep, *state.running, *state.requests()])
         release(req, step, cached=False)
         req.kv_tokens = 0
+        req.kv_shared = 0
+        req.lender = None
         req.prefix_len = 0
+        req.inflight = 0
         state.req_slots_free += 1
         state.waiting.append(req)
         result.retracted.append(req.rid)
     kept = [r for r in decoding if r not in retracted]
     for req in kept:
-        if fits(ceil_page(req.kv_tokens + 1, page_size) - req.kv_held):
+        if fits(req.growth(req.kv_tokens + 1, page_size)):
             hold(req, req.kv_tokens + 1, step)
             req.output_len += 1
         slide_swa(req, req.kv_tokens, step, step.pools.swa_eviction_interval)

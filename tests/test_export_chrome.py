@@ -7,13 +7,14 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from schedtrace.tracer.contract import builders
 from schedtrace.tracer.contract.synthetic import generate
-from otel_support import header, records, run_cli, write_small_trace
+from otel_support import START_WALL_NS, header, records, run_cli, write_small_trace
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.analysis.stalls import recorded_stalls
 from schedtrace.tracer.export.chrome import COUNTERS, DEFAULT_STALL_PASSES, TID_DIVERGENCES, TID_EVENTS, TID_PASSES, TID_STALLS
-from schedtrace.tracer.contract.format import TraceReader, TraceWriter
-from schedtrace.tracer.contract.schema import Alloc, Arrival, Finish, Pass
+from schedtrace.tracer.contract.format import TraceReader, TraceWriter, write_trace
+from schedtrace.tracer.contract.schema import Alloc, Arrival, Clock, Finish, KvSnapshot, Pass, PoolLayout, WaitingReq
 
 PASSES = 10_500  # two planted stall windows, failed allocations, one raising pass
 
@@ -191,3 +192,70 @@ def test_missing_trace_and_bad_options_exit_2(tmp_path):
     trace = write_small_trace(tmp_path / "t.trace")
     done = run_cli("export", str(trace), "--format", "chrome", "--endpoint", "http://127.0.0.1:1")
     assert done.returncode == 2 and "--endpoint" in done.stderr
+
+
+# --- several ranks on one timeline ------------------------------------------------
+
+MS = 1_000_000
+
+
+def rank_trace(folder, tp: int, start_wall_ns: int, clock_shift_ns: int = 0):
+    """Five passes 1 ms apart and one request; from pass 2 on, a clock record moves the rank's wall clock."""
+    head = WaitingReq("r1", 100, 0, 16, 0)
+    recs: list = [Arrival(t_ns=500_000, rid="r1", input_len=100, max_new_tokens=16)]
+    for n in range(5):
+        if n == 2 and clock_shift_ns:
+            recs.append(Clock(t_ns=n * MS, wall_ns=start_wall_ns + n * MS + clock_shift_ns))
+        recs.append(builders.pass_record(n, t_ns=(n + 1) * MS, dur_ns=100_000, waiting=[head] if n < 3 else [],
+                                         kv=KvSnapshot(available=5000 - n, evictable=0)))
+    recs.append(Finish(t_ns=7 * MS, rid="r1", output_len=16, reason="length"))
+    hdr = builders.header(run_id="run-x", tp_rank=tp, tp_size=2, pid=100 + tp, start_wall_ns=start_wall_ns)
+    return write_trace(folder / f"schedtrace-run-x-h-tp{tp}-dp0-pp0-pid{100 + tp}.part000.trace", hdr, recs)
+
+
+def test_two_ranks_are_two_processes_on_one_wall_clock_timeline(tmp_path):
+    """tp1 started 0.5 ms after tp0, and its clock record at pass 2 moves it 2 ms later still."""
+    rank_trace(tmp_path, 0, START_WALL_NS)
+    rank_trace(tmp_path, 1, START_WALL_NS + 500_000, clock_shift_ns=2 * MS)
+    doc = _export(tmp_path, tmp_path / "out.json")
+    events = _check_trace_event_format(doc)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(names) == [1, 2] and "tp0" in names[1] and "tp1" in names[2]
+    slices = [e for e in events if e["ph"] == "X"]
+    # Wall time since the earlier start, in µs: tp1 +500, and +2000 more from its clock record on.
+    expected = {1: [1000.0, 2000.0, 3000.0, 4000.0, 5000.0], 2: [1500.0, 2500.0, 5500.0, 6500.0, 7500.0]}
+    assert {pid: [e["ts"] for e in slices if e["pid"] == pid] for pid in (1, 2)} == expected
+    assert [e["ts"] for e in slices] == sorted(e["ts"] for e in slices)  # merged in wall-time order
+    assert [e["pid"] for e in slices] == [1, 2, 1, 2, 1, 1, 1, 2, 2, 2]
+    # A rid on both ranks is two requests, one per process.
+    outer = {(e["pid"], e["id"]) for e in events if e["ph"] == "b" and e["name"] == "r1"}
+    assert outer == {(1, "tp0/r1"), (2, "tp1/r1")}
+    assert doc["otherData"]["start_wall_ns"] == START_WALL_NS
+
+
+def test_one_rank_of_several_exports_alone(tmp_path):
+    rank_trace(tmp_path, 0, START_WALL_NS)
+    rank_trace(tmp_path, 1, START_WALL_NS + 500_000)
+    events = _check_trace_event_format(_export(tmp_path, tmp_path / "out.json", "--rank", "tp1"))
+    assert [e["ts"] for e in events if e["ph"] == "X"] == [1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
+    assert {e["pid"] for e in events} == {1}
+    done = run_cli("export", str(tmp_path), "--format", "chrome", "--report", str(tmp_path / "r.json"))
+    assert done.returncode == 2 and "--report covers one rank" in done.stderr and "--rank" in done.stderr
+
+
+def test_hybrid_pools_are_counters_and_pass_args(tmp_path):
+    layout = PoolLayout("SWATokenToKVPoolAllocator", "SWARadixCache", 40000, swa_size=8000, sliding_window=128)
+    kvs = [KvSnapshot(36000, 0, swa_available=7000, swa_evictable=500, protected=0, swa_protected=0),
+           KvSnapshot(30000, 1000, swa_available=900, swa_evictable=100, protected=10, swa_protected=20)]
+    trace = write_trace(tmp_path / "swa.trace", builders.header(is_hybrid_swa=True, pools=layout),
+                        [builders.pass_record(n, kv=kv) for n, kv in enumerate(kvs)])
+    events = _check_trace_event_format(_export(trace, tmp_path / "out.json"))
+    args = [e["args"] for e in events if e["ph"] == "X"]
+    assert [a["limiting_pool"] for a in args] == ["full", "swa"]  # 0.90 vs 0.94, then 0.78 vs 0.13
+    assert [(a["swa_free"], a["swa_evictable"], a["swa_protected"]) for a in args] == [(7000, 500, 0), (900, 100, 20)]
+    assert "mamba_free" not in args[0]
+    counters = [(e["name"], e["args"]["value"]) for e in events if e["ph"] == "C" and e["name"].startswith("SWA")]
+    assert counters == [("SWA free", 7000), ("SWA evictable", 500), ("SWA free", 900), ("SWA evictable", 100)]
+    plain = _check_trace_event_format(_export(write_small_trace(tmp_path / "t.trace"), tmp_path / "plain.json"))
+    assert not {e["name"] for e in plain if e["ph"] == "C"} & {"SWA free", "mamba free"}
+    assert not any("limiting_pool" in e["args"] for e in plain if e["ph"] == "X")

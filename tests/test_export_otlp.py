@@ -12,7 +12,9 @@ from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.export import otel_attrs as A
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.export.otlp import resolve_endpoint
-from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract import builders
+from schedtrace.tracer.contract.format import TraceReader, write_trace
+from schedtrace.tracer.contract.schema import Clock, KvSnapshot, PoolLayout
 
 # "Does not hang": a generous wall-clock bound, not a performance figure.
 HANG_BOUND_S = 60
@@ -72,6 +74,45 @@ def test_small_trace_span_names_and_events(tmp_path, receiver):
     first = min((s for s in spans if s.name == A.PASS_SPAN), key=lambda s: s.start_time_unix_nano)
     assert first.start_time_unix_nano == START_WALL_NS + 1000
     assert sorted(e.name for e in first.events) == [A.AITER_EVENT, A.ALLOC_FAILED_EVENT]
+
+
+def test_hybrid_pools_and_clock_records_reach_the_spans(tmp_path, receiver):
+    """An SWA trace: each pool's counts and the limiting pool are attributes; a clock record
+    moves the spans after it onto the wall clock it gives."""
+    layout = PoolLayout("SWATokenToKVPoolAllocator", "SWARadixCache", 40000, swa_size=8000, sliding_window=128)
+    kvs = [KvSnapshot(36000, 0, swa_available=7000, swa_evictable=500, protected=0, swa_protected=0),
+           KvSnapshot(30000, 1000, swa_available=900, swa_evictable=100, protected=10, swa_protected=20)]
+    shift = 3_000_000
+    recs = [builders.pass_record(0, t_ns=1000, kv=kvs[0]), Clock(t_ns=1500, wall_ns=START_WALL_NS + 1500 + shift),
+            builders.pass_record(1, t_ns=2000, kv=kvs[1])]
+    hdr = builders.header(is_hybrid_swa=True, pools=layout, start_wall_ns=START_WALL_NS)
+    trace = write_trace(tmp_path / "swa.trace", hdr, recs)
+    done = run_cli("export", str(trace), "--format", "otlp", "--endpoint", receiver.base_url)
+    assert done.returncode == 0, done.stderr
+    spans = sorted((s for _, s in receiver.spans() if s.name == A.PASS_SPAN), key=lambda s: attrs_of(s)[A.PASS_SEQ])
+    assert [s.start_time_unix_nano for s in spans] == [START_WALL_NS + 1000, START_WALL_NS + 2000 + shift]
+    first, second = (attrs_of(s) for s in spans)
+    assert (first[A.KV_LIMITING_POOL], second[A.KV_LIMITING_POOL]) == ("full", "swa")
+    assert (second[A.KV_SWA_FREE], second[A.KV_SWA_EVICTABLE], second[A.KV_SWA_PROTECTED], second[A.KV_PROTECTED]) \
+        == (900, 100, 20, 10)
+    assert A.KV_MAMBA_FREE not in second
+    plain = write_small_trace(tmp_path / "t.trace")
+    receiver.requests.clear()
+    assert run_cli("export", str(plain), "--format", "otlp", "--endpoint", receiver.base_url).returncode == 0
+    assert not any(A.KV_LIMITING_POOL in attrs_of(s) or A.KV_SWA_FREE in attrs_of(s) for _, s in receiver.spans())
+
+
+def test_every_rank_is_sent_with_its_own_resource(tmp_path, receiver):
+    for tp in (0, 1):
+        hdr = builders.header(run_id="run-x", tp_rank=tp, tp_size=2, pid=100 + tp, start_wall_ns=START_WALL_NS)
+        write_trace(tmp_path / f"tp{tp}.trace", hdr, [builders.pass_record(n, t_ns=(n + 1) * 1000) for n in range(3)])
+    done = run_cli("export", str(tmp_path), "--format", "otlp", "--endpoint", receiver.base_url)
+    assert done.returncode == 0, done.stderr
+    assert "tp0: sent 3 pass spans" in done.stderr and "tp1: sent 3 pass spans" in done.stderr
+    by_pid: dict = {}
+    for resource, span in receiver.spans():
+        by_pid.setdefault(resource["process.pid"], set()).add(attrs_of(span)[A.TP_RANK])
+    assert by_pid == {100: {0}, 101: {1}}
 
 
 def test_unreachable_endpoint_retries_within_its_bound_then_exits_2(tmp_path):

@@ -1,7 +1,9 @@
 """Reader/writer robustness: torn tails, corrupt bytes, hostile sizes.
 
-Every case runs on a framed trace (the writer's default) and on a v1 trace
-(no batch markers): bytes appended after the last batch read as v1 does.
+Every case runs on a v2 trace (the writer's default: framed, passes between
+keyframes written as deltas) and on a v1 trace (no batch markers): bytes
+appended after the last batch read as v1 does. tests/test_delta.py holds the
+cases about keyframes and deltas themselves.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def a_pass(seq: int) -> Pass:
                        new_token_ratio=0.5)
 
 
-@pytest.fixture(params=[True, False], ids=["framed", "v1"])
+@pytest.fixture(params=[True, False], ids=["v2", "v1"])
 def framed(request: pytest.FixtureRequest) -> bool:
     return request.param
 

@@ -1,9 +1,9 @@
 """Fuzzing the reader's contract (issue 12): seeded, deterministic, bounded to about 20 s.
 
 Bases: the two v1 sample traces (traces/*.trace); the first sample's records
-written framed in writer-thread-sized batches, closed and not closed; a
-synthetic framed trace written in large batches; a v1 trace that was not
-closed. Each case applies one mutation to a copy: a truncation, flipped
+written framed in writer-thread-sized batches as v1 (every pass whole) and
+as v2 (keyframes and deltas, the writer's default), closed and not closed; a
+synthetic v2 trace written in large batches; a v1 trace that was not closed. Each case applies one mutation to a copy: a truncation, flipped
 bits, an overwritten span, damage near the footer, tail or index, or hostile
 msgpack written over a record or spliced in before one.
 
@@ -17,7 +17,11 @@ The contract, per case:
   ``unchecked_from`` is the original record at that offset, touched or not;
 * framed, read past gaps: every original record is read, or lies in a
   reported gap, or past where the file ends (``truncated_at``) or where an
-  error stopped; a gap's lost count is exactly the records it held;
+  error stopped, or (v2) is a delta pass whose chain back to its keyframe
+  holds a pass that is lost; a gap's lost count is exactly the records it
+  held, and its ``orphans`` exactly the delta passes so lost after it;
+* a rebuilt pass counts as touched when any byte from its keyframe to its
+  own end was (in a framed trace that matters only past ``unchecked_from``);
 * ``closed_cleanly`` means every original record was read back;
 * memory stays bounded (tracemalloc peak, on the hostile cases and a sample).
 
@@ -35,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from schedtrace.tracer.contract.codec import peek_tag
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError, TraceVersionError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter
 from schedtrace.tracer.contract.frames import frames
@@ -68,6 +73,8 @@ class Base:
     framed: bool
     records: dict[int, tuple[int, object]]  # offset -> (end, record)
     passes: dict[int, object]  # seq -> pass
+    keyframe_of: dict[int, int]  # offset of a pass record -> offset of its keyframe (itself when whole)
+    pass_offset: dict[int, int]  # seq -> offset
 
 
 def load_base(name: str, path: Path) -> Base:
@@ -77,15 +84,23 @@ def load_base(name: str, path: Path) -> Base:
             records[offset] = record
         ends = {start: end for start, end in frames(reader._mm, 0, reader.data_end, MAX_RECORD)}
         framed = reader.framed
-    return Base(name=name, data=path.read_bytes(), framed=framed,
-                records={o: (ends[o], r) for o, r in records.items()},
-                passes={r.seq: r for r in records.values() if isinstance(r, Pass)})
+        data = path.read_bytes()
+    keyframe_of, keyframe = {}, 0
+    for offset, record in records.items():
+        if isinstance(record, Pass):
+            if peek_tag(data[offset : offset + 16]) == "pass":
+                keyframe = offset
+            keyframe_of[offset] = keyframe
+    return Base(name=name, data=data, framed=framed, records={o: (ends[o], r) for o, r in records.items()},
+                passes={r.seq: r for r in records.values() if isinstance(r, Pass)}, keyframe_of=keyframe_of,
+                pass_offset={r.seq: o for o, r in records.items() if isinstance(r, Pass)})
 
 
-def write_copy(source: Path, dest: Path, *, framed: bool, batch: int, close: bool, upto: int | None = None) -> Path:
+def write_copy(source: Path, dest: Path, *, framed: bool, batch: int, close: bool, upto: int | None = None,
+               version: int | None = None) -> Path:
     with TraceReader(source) as reader:
         records = [r for _, r in reader.records()][1 : upto]
-        writer = TraceWriter(dest, reader.header, framed=framed, fsync_every_s=None)
+        writer = TraceWriter(dest, reader.header, framed=framed, version=version, fsync_every_s=None)
     for start in range(0, len(records), batch):
         writer.write_many(records[start : start + batch])
     writer.close(1) if close else writer.abandon()
@@ -100,9 +115,10 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> list[Base]:
     made = [
         ("fcfs-v1", SAMPLES[0]),
         ("lpm-v1", SAMPLES[1]),
-        ("fcfs-framed", write_copy(SAMPLES[0], folder / "ff.trace", framed=True, batch=64, close=True)),
-        ("fcfs-framed-unclosed", write_copy(SAMPLES[0], folder / "fu.trace", framed=True, batch=64, close=False)),
-        ("synthetic-framed", synthetic),
+        ("fcfs-framed-v1", write_copy(SAMPLES[0], folder / "f1.trace", framed=True, batch=64, close=True, version=1)),
+        ("fcfs-v2", write_copy(SAMPLES[0], folder / "ff.trace", framed=True, batch=64, close=True)),
+        ("fcfs-v2-unclosed", write_copy(SAMPLES[0], folder / "fu.trace", framed=True, batch=64, close=False)),
+        ("synthetic-v2", synthetic),
         ("lpm-v1-unclosed", write_copy(SAMPLES[1], folder / "lu.trace", framed=False, batch=64, close=False,
                                        upto=1500)),
     ]
@@ -222,7 +238,8 @@ def check_record(base: Base, mutation: Mutation, offset: int, record: object, ou
         return
     assert not checked(base, offset, outcome.unchecked_from), f"record at checked offset {offset} is not the original"
     if known is not None:
-        assert mutation.touches(original, known[0]), f"record at {offset} differs, its bytes were not touched"
+        assert mutation.touches(base.keyframe_of.get(original, original), known[0]), \
+            f"record at {offset} differs, its bytes (and its keyframe's and deltas') were not touched"
     else:
         assert offset >= mutation.start, f"a record at {offset}, where none was, before the mutation"
 
@@ -235,9 +252,19 @@ def check_pass(base: Base, mutation: Mutation, offset: int, found: Pass, uncheck
         return
     assert not checked(base, offset, unchecked_from), f"pass {found.seq} at checked offset {offset} is not the original"
     if known is not None:
-        assert mutation.touches(original, known[0]), f"pass at {offset} differs, its bytes were not touched"
+        assert mutation.touches(base.keyframe_of.get(original, original), known[0]), \
+            f"pass at {offset} differs, its bytes (and its keyframe's and deltas') were not touched"
     else:
         assert offset >= mutation.start, f"a pass at {offset}, where none was, before the mutation"
+
+
+def orphaned(base: Base, offset: int, read: set[int]) -> bool:
+    """v2: a delta pass whose chain back to its keyframe holds a pass that was not read."""
+    keyframe = base.keyframe_of.get(offset, offset)
+    if keyframe == offset:
+        return False
+    first, seq = base.records[keyframe][1].seq, base.records[offset][1].seq
+    return any(base.pass_offset[s] not in read for s in range(first, seq))
 
 
 def check_completeness(base: Base, mutation: Mutation, outcome: Outcome) -> None:
@@ -245,6 +272,7 @@ def check_completeness(base: Base, mutation: Mutation, outcome: Outcome) -> None
     if not outcome.opened:
         return  # refused for a damaged header (checked in read_case)
     moved = [(offset if offset < mutation.start else offset + mutation.shift, offset) for offset in base.records]
+    orphans = 0
     for where, original in moved:
         if original in outcome.read:
             continue
@@ -256,7 +284,12 @@ def check_completeness(base: Base, mutation: Mutation, outcome: Outcome) -> None
             continue
         if any(gap.start <= where < max(gap.end, gap.start + 1) for gap in outcome.gaps):
             continue
+        if orphaned(base, original, outcome.read):
+            orphans += 1
+            continue
         raise AssertionError(f"original record at {original} neither read nor reported lost")
+    if outcome.error_at is None:
+        assert sum(gap.orphans for gap in outcome.gaps) == orphans, f"gaps say {outcome.gaps} orphans, {orphans} lost"
     for gap in outcome.gaps:
         if gap.lost is not None and outcome.error_at is None and gap.end > gap.start:
             held = sum(1 for where, _ in moved if gap.start <= where < gap.end)

@@ -557,8 +557,8 @@ def test_kill9_mid_load_keeps_everything_written(tmp_path: Path, monkeypatch: py
     assert passes == list(range(len(passes)))
     arrived = {r.rid for r in records if isinstance(r, Arrival)}
     finished = {r.rid for r in records if isinstance(r, Finish)}
-    assert set(first) <= finished and finished <= arrived
-    dropped = sum(r.count for r in records if isinstance(r, Loss))
+    dropped = sum(r.count for r in records if isinstance(r, Loss))  # a full queue drops, and says so
+    assert set(first) <= finished and len(finished - arrived) <= dropped
     missing = finished_before_kill - finished
     assert len(missing) <= 2 * QUEUE + dropped, (len(missing), dropped)
 

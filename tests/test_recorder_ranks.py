@@ -19,6 +19,7 @@ from pathlib import Path
 
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import CONTROL_FILE_ENV, DIR_ENV, RUN_ID_ENV
+from schedtrace.tracer.kernel_stub import STUB_DIR
 from schedtrace.tracer.recorder.naming import HOST_LIMIT, ensure_run_id, safe_name, trace_stem
 from schedtrace.tracer.recorder.ranks import ranks_of
 
@@ -57,7 +58,14 @@ LAUNCHER = textwrap.dedent(
         ranks = [context.Process(target=rank, args=(n, sys.argv[1], queue)) for n in range(2)]
         for p in ranks:
             p.start()
-        reports = [queue.get(timeout=600) for _ in ranks]
+        reports = []
+        while len(reports) < len(ranks):
+            try:
+                reports.append(queue.get(timeout=2))
+            except Exception:  # nothing yet: a rank that died says so instead of a long wait
+                dead = [p.exitcode for p in ranks if p.exitcode not in (None, 0)]
+                if dead:
+                    sys.exit(f"a rank exited with {dead[0]}")
         for p in ranks:
             p.join(60)
         print(json.dumps({"run_id": os.environ.get(sys.argv[2]), "pid": os.getpid(), "ranks": reports}))
@@ -70,6 +78,8 @@ def launch(tmp_path: Path) -> dict:
     script.write_text(LAUNCHER)
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", RUN_ID_ENV, CONTROL_FILE_ENV)}
     env[DIR_ENV] = str(tmp_path / "traces")
+    # sglang processes on CPU get the sgl_kernel stand-in as the sandbox's do: its sitecustomize first.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STUB_DIR), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, str(script), str(MODEL), RUN_ID_ENV], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

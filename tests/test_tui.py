@@ -15,16 +15,14 @@ import pytest
 from textual.widgets import DataTable
 
 from schedtrace.tracer.contract.synthetic import generate
-from schedtrace.tracer.contract.report import Decision, load_report
+from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tui.app import KEYS, TraceApp
+from schedtrace.tui.app import KEYS, PANES, TraceApp
 from schedtrace.tui.model.diff import decision_diff
 from schedtrace.tui.model.filters import PassFilter
-from schedtrace.tui.model.lifecycle import request_life
-from schedtrace.tui.model.marks import Marks
-from schedtrace.tui.model.rids import RidIndex, RidSpan
-from schedtrace.tui.model.series import bucket_of, downsample, mark_buckets, pass_of_bucket
+from schedtrace.tui.widgets.charts import Chart
 from schedtrace.tui.widgets.detail import DetailPane
+from schedtrace.tui.widgets.help import pane_keys
 from schedtrace.tui.widgets.pass_list import PassList
 from schedtrace.tui.widgets.screens import RequestScreen
 
@@ -206,7 +204,7 @@ async def test_filters_and_their_inverse(trace):
         assert pass_list.row_count == PASSES
 
 
-async def test_moving_on_the_pass_list_and_timeline(trace):
+async def test_moving_on_the_pass_list_and_the_charts(trace):
     app = make_app(trace)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -214,27 +212,40 @@ async def test_moving_on_the_pass_list_and_timeline(trace):
         assert app.selected > 2
         await pilot.press("end")
         assert app.selected == PASSES - 1
-        timeline = app.query_one("#timeline")
-        data = timeline.data
-        assert data is not None and data.passes == PASSES
-        # Click the timeline's 10th bucket on the first series row.
-        await pilot.click("#timeline", offset=(1 + 9 + 10, 0))
+        chart = app.query_one("#kv-chart", Chart)
+        data, image = chart.data, chart.image
+        assert data is not None and image is not None and data.axis.columns == image.columns
+        # Click the KV chart's 10th column, on its plot (offsets count from the chart's border).
+        border = chart.content_region.x - chart.region.x
+        await pilot.click("#kv-chart", offset=(border + image.left + 1 + 10, 1 + image.top + 1))
         await pilot.pause()
-        assert app.selected == pass_of_bucket(10, 0, PASSES, data.buckets)
-        timeline.focus()
+        assert app.selected == data.axis.pass_at(10)
+        chart.focus()
         before = app.selected
-        await pilot.press("right")
+        await pilot.press("l")
         await pilot.pause()
         assert app.selected > before
+        await pilot.press("h")
+        await pilot.pause()
+        assert app.selected < app.listed.count
 
 
-async def test_help_and_command_palette_list_every_key(trace):
+async def test_help_and_command_palette_list_every_key_and_a_legend(trace):
     app = make_app(trace)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         titles = {command.title for command in app.get_system_commands(app.screen)}
         assert {description for _, _, description in KEYS} <= titles
         await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        text = app.screen.text.plain
+        for _, widget in PANES:
+            for keys, what in pane_keys(widget):
+                assert f"{keys:<16}{what}" in text
+        for word in ("admit", "chunk", "full", "no-token", "none", "error", "latch", "back-pressure",
+                     "stalled passes of stock", "stalled passes of fixed", "◆", "✖", "head request's need"):
+            assert word in text
+        await pilot.press("j")  # scrolls the help; does not leave it
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
         assert app.screen is app.screen_stack[0]
@@ -354,73 +365,6 @@ def test_bad_report_and_bad_options_are_one_line(trace, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-# --- pure view model --------------------------------------------------------------------
-
-
-def test_downsample_keeps_peaks_and_buckets_round_trip():
-    values = [0] * 1000
-    values[537] = 9
-    buckets = downsample(values, 0, 1000, 100)
-    assert len(buckets) == 100 and buckets[53] == 9 and sum(buckets) == 9
-    assert downsample(values, 0, 10, 100) == values[:10]
-    for n in (0, 537, 999):
-        assert pass_of_bucket(bucket_of(n, 0, 1000, 100), 0, 1000, 100) <= n
-
-
-def test_mark_buckets_ranks_errors_over_divergences_over_stalls():
-    from array import array
-
-    marks = Marks()
-    marks.set_stalls([(0, 49)])
-    marks.divergence = array("q", [10, 60])
-    marks.error = array("q", [60])
-    cells = mark_buckets(marks, 100, 10)
-    assert cells[0] == "▬" and cells[1] == "◆" and cells[4] == "▬" and cells[6] == "✖" and cells[9] == " "
-
-
-def test_filter_parsing():
-    assert PassFilter.parse("divergent") == PassFilter("divergent")
-    assert PassFilter.parse("!fix latch") == PassFilter("fix", "latch", True)
-    assert PassFilter.parse("not result no-token") == PassFilter("result", "no-token", True)
-    with pytest.raises(ValueError, match="unknown filter"):
-        PassFilter.parse("result bogus")
-
-
-def test_decision_diff_marks_only_changed_fields():
-    old = Decision(admitted=[("a", 10)], batch_is_full=True)
-    new = Decision(admitted=[("a", 10), ("b", 5)], batch_is_full=False)
-    changed = {d.name for d in decision_diff(old, new) if d.differs}
-    assert changed == {"admitted", "batch_is_full"}
-
-
-def test_request_life_folds_waiting_runs_and_names_reasons(trace):
-    with TraceReader(trace[0]) as reader:
-        passes = list(reader.passes(0, 400))
-    rid = next(p.admitted[0].rid for p in passes[50:] if p.admitted)
-    steps = request_life(rid, passes, RidSpan(0, 399), max_running=12)
-    waiting = [s for s in steps if s.state == "waiting"]
-    assert waiting and all(s.detail.startswith(("not ", "tried", "pass raised")) for s in waiting)
-    # Folded: no two consecutive steps with the same state and reason.
-    for a, b in zip(steps, steps[1:]):
-        assert (a.state, a.detail) != (b.state, b.detail) or a.last + 1 != b.first
-    assert any(s.state == "admitted" for s in steps)
-
-
-def test_rid_index_keeps_spans_arrivals_and_finishes():
-    rids = RidIndex()
-    rids.arrived("a", 3, 1_500_000)
-    rids.touch("a", 7)
-    rids.touch("a", 5)  # an earlier pass does not shrink the span
-    rids.touch("b", 9)
-    rids.finished("a", 8, "length", 2_000_000_000)
-    rids.finished("ghost", 8, "abort", 1)  # never seen: ignored
-    assert rids["a"] == RidSpan(3, 8, 1_500_000, "length @ 2.00s")
-    assert rids.get("b") == RidSpan(9, 9, None, None)
-    assert "ghost" not in rids and rids.get("ghost") is None and len(rids) == 2
-    with pytest.raises(KeyError):
-        rids["ghost"]
-
-
 async def test_old_new_runs_the_real_replay_in_a_worker_and_jumps_to_its_divergence(tmp_path):
     """``--old stock --new fixed``: the real sglang replay runs in a worker and
     its divergences arrive as messages; `n` then jumps to the latch divergence."""
@@ -436,3 +380,183 @@ async def test_old_new_runs_the_real_replay_in_a_worker_and_jumps_to_its_diverge
         assert app.selected == app.detail_pass == 1  # the next divergence after pass 0
         text = detail_text(app)
         assert "fixes responsible: latch" in text and "≠ batch_is_full" in text
+
+
+# --- stalls, why, requests, conventions, quitting -------------------------------------------
+
+LPM = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace"
+
+
+def line_at(pass_list: PassList, pass_no: int):
+    """The rendered line of ``pass_no`` (on screen), as (text, set of background colours)."""
+    y = pass_list.listed.row_of(pass_no) - int(pass_list.scroll_y)
+    assert 0 <= y < pass_list.scrollable_content_region.height, f"pass {pass_no} is not on screen"
+    pass_list._line_style = pass_list.rich_style
+    strip = pass_list.render_line(y)
+    return strip.text, {seg.style.bgcolor.name for seg in strip if seg.style and seg.style.bgcolor}
+
+
+async def test_s_says_whose_stall_centres_it_and_bands_its_passes(trace):
+    from schedtrace.tui.widgets import palette
+
+    app = make_app(trace)
+    first = min(load_report(trace[1]).stalls["stock"], key=lambda s: s.start_pass)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("s")
+        assert app.selected == first.start_pass
+        assert app.status_text.startswith(f"stall of stock: passes {first.start_pass}–{first.end_pass}")
+        assert "fixed: no stall here" in app.status_text
+        pass_list = app.query_one(PassList)
+        height = pass_list.scrollable_content_region.height
+        assert pass_list.cursor - int(pass_list.scroll_y) == height // 2  # centred, not on the last line
+        band = palette.ARM_COLOURS[0].band.lstrip("#").lower()
+        inside, colours = line_at(pass_list, first.start_pass + 1)
+        assert inside[2] == palette.STALL_BAR and any(band in c.lower() for c in colours)
+        before, colours = line_at(pass_list, first.start_pass - 1)
+        assert before[2] == " " and not any(band in c.lower() for c in colours)
+        # The charts band the same passes: the KV chart's canvas cell at the stall's column.
+        chart = app.query_one("#kv-chart", Chart)
+        image, data = chart.image, chart.data
+        column = data.axis.column_of(first.start_pass + 1)
+        row = chart._built_line(image.top, image, data)
+        cell = row.crop(image.left + 1 + column, image.left + 2 + column)
+        assert any(seg.style.bgcolor and band in seg.style.bgcolor.name.lower() for seg in cell)
+        await pilot.press("n")  # n centres too
+        assert pass_list.cursor - int(pass_list.scroll_y) == height // 2
+
+
+async def test_why_nothing_was_admitted_in_the_detail_and_the_wide_list():
+    app = TraceApp(TraceReader(LPM), stall_passes=1)
+    latch = "latched since 866; 4 slots free; head needs 2415, budget 2421 → the latch fix admits"
+    async with app.run_test(size=(200, 50)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("s")
+        assert app.selected == 867 and app.status_text.startswith("stall of recorded: passes 867–867 (1 pass)")
+        assert f"why: {latch}" in " ".join(detail_text(app).split())
+        text, _ = line_at(app.query_one(PassList), 867)
+        assert latch[:40] in text
+        text, _ = line_at(app.query_one(PassList), 868)
+        assert "latched since 866, and budget 2414 ≤ head 2415" in text
+
+
+async def test_a_divergent_pass_has_each_arms_why(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("n")
+        text = detail_text(app)
+        assert "why (stock): " in text and "why (fixed): " in text
+
+
+async def test_find_request_by_unique_prefix_and_highlight_it():
+    from schedtrace.tui.widgets import palette
+
+    app = TraceApp(TraceReader(LPM))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        rid = app.scan.rids.matching("daeaf")[0]
+        await pilot.press("g", *"867", "enter", "slash", *"daeaf", "enter")
+        await pilot.pause()
+        assert app.rid == rid and app.selected == app.scan.rids[rid].first_pass
+        assert rid in app.status_text  # the full id; lists show the short one
+        await pilot.press("g", *"867", "enter")
+        row = next(t for t in app.detail if "daeaf5eb" in t.plain and "│" in t.plain)
+        assert rid not in row.plain and any(span.style == palette.SEARCHED for span in row.spans)
+        await pilot.press("slash", *"zzz", "enter")
+        await pilot.pause()
+        assert any("No request id starts with 'zzz'" in str(n.message) for n in app._notifications)
+        assert app.rid == rid
+
+
+async def test_an_ambiguous_prefix_lists_some_of_its_requests(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("slash", *"r00001", "enter")
+        await pilot.pause()
+        assert app.rid is None
+        assert any("starts several request ids (r0000100, r0000101" in str(n.message) for n in app._notifications)
+
+
+async def test_rid_and_stall_filters():
+    app = TraceApp(TraceReader(LPM), stall_passes=1)
+    with TraceReader(LPM) as reader:
+        mentions = [n for n, p in enumerate(reader.passes()) if any(w.rid.startswith("daeaf") for w in p.waiting)
+                    or any(a.rid.startswith("daeaf") for a in p.admitted)
+                    or any(r.rid.startswith("daeaf") for r in p.running)]
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        pass_list = app.query_one(PassList)
+        await pilot.press("f", *"rid daeaf", "enter")
+        await settle(app, pilot)
+        assert [pass_list.pass_of(i) for i in range(pass_list.row_count)] == mentions
+        assert app.status_text.startswith("filter: rid=daeaf5eb")
+        await pilot.press("f", *"stall", "enter")
+        await settle(app, pilot)
+        assert pass_list.row_count == 1 and pass_list.pass_of(0) == 867
+
+
+async def test_j_k_tab_and_the_request_view_has_the_keys_when_it_opens(trace):
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("j", "j", "k")
+        assert app.selected == 1
+        list_pane, detail = app.query_one("#list-pane"), app.query_one(DetailPane)
+        focused_colour = list_pane.styles.border_left[1]
+        await pilot.press("tab")
+        assert app.focused is detail
+        assert detail.styles.border_left[1] == focused_colour != list_pane.styles.border_left[1]
+        await pilot.press("shift+tab")
+        await pilot.press("slash", *"r0000100", "enter", "r")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, RequestScreen)
+        table = screen.query_one(DataTable)
+        assert app.focused is table
+        await pilot.press("j", "j")
+        assert table.cursor_row == 2
+        await pilot.press("k")
+        assert table.cursor_row == 1
+
+
+async def test_the_header_fits_120_columns(trace):
+    app = make_app(trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        header = app.query_one("#trace-header")
+        text = header.text()
+        assert text.cell_len <= header.content_region.width
+        assert "passes 1,200" in text.plain and "divergences" in text.plain
+
+
+async def test_a_report_of_another_trace_is_flagged(trace, tmp_path):
+    other, other_report = tmp_path / "other.trace", tmp_path / "other.json"
+    generate(other, 500, seed=8, report_path=other_report)
+    app = TraceApp(TraceReader(trace[0]), report=load_report(other_report))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.report_doubts and "other.trace, not t.trace" in app.status_text
+        assert app.status.error and "REPORT not of this trace?" in app.query_one("#trace-header").text().plain
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.report_doubts == [] and "REPORT" not in app.query_one("#trace-header").text().plain
+
+
+async def test_q_ends_the_replay_at_once(tmp_path):
+    """The replay runs in a child process; q kills it (and its group) instead of waiting for it."""
+    import signal
+
+    from repro_traces import latch_trace
+
+    app = TraceApp(TraceReader(latch_trace(tmp_path / "latch.trace")), arms=("stock", "fixed"))
+    async with app.run_test(size=SIZE) as pilot:
+        while app.replay_process.process is None:
+            await pilot.pause(0.01)
+        child = app.replay_process.process
+        assert child.poll() is None  # importing sglang: the replay has not begun
+        await pilot.press("q")
+    assert child.wait(timeout=10) == -signal.SIGKILL
+    assert app.replay_process.ended.wait(timeout=10)  # its thread is done too: nothing holds the exit

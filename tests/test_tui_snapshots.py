@@ -16,6 +16,7 @@ from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tui.app import TraceApp
 
 SIZE = (140, 40)
+LPM = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace"
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,39 @@ def test_request_view(snap_compare, trace):
     async def run_before(pilot) -> None:
         await _settle(pilot)
         await pilot.press("slash", *"r0000040", "enter", "r")
+        await _settle(pilot)
+
+    assert snap_compare(_app(trace), terminal_size=SIZE, run_before=run_before)
+
+
+def test_lpm_latch_stall_at_120_columns(snap_compare):
+    """The recorded lpm sample on its one-pass latch stall: the KV stack with the head's need, the
+    queue over time, the stall band and the why line (``stall_passes=1``, as ``--stall-passes 1``)."""
+
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("s")
+        await _settle(pilot)
+
+    app = TraceApp(TraceReader(LPM), stall_passes=1)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+def test_stall_bands_at_200_columns(snap_compare, trace):
+    """A planted stall of the old arm: its band in the list and the charts, and the why column."""
+
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("s", "j", "j")
+        await _settle(pilot)
+
+    assert snap_compare(_app(trace), terminal_size=(200, 50), run_before=run_before)
+
+
+def test_help_and_legend(snap_compare, trace):
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("question_mark")
         await _settle(pilot)
 
     assert snap_compare(_app(trace), terminal_size=SIZE, run_before=run_before)

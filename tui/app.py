@@ -1,10 +1,11 @@
-"""The schedtrace browser: header, timeline, pass list and detail pane.
+"""The schedtrace browser: header, charts, pass list and detail pane.
 
 State goes down: the app's reactives are bound to its widgets (``data_bind``).
-Messages come up (``messages.py``): from the widgets (the cursor moved, the
-timeline was clicked) and from thread workers (``workers.py``: the trace
-scan, filters, the request view, the replay). The UI thread only ever
-decodes the handful of passes on screen.
+Messages come up (``messages.py``): from the widgets (the cursor moved, a
+chart was clicked) and from thread workers (``workers.py``: the trace scan,
+the charts, filters, the request view, the replay, the report check). The UI
+thread only ever decodes the handful of passes on screen. The prompts'
+actions (``g``, ``/``, ``f``) are in ``prompts.py``.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import var
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer
 from textual.worker import get_current_worker
 
-from schedtrace.tracer.analysis.outcome import OUTCOMES
 from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Report
 from schedtrace.tui import workers
 from schedtrace.tui.messages import (
+    ChartsReady,
+    ChartsResized,
     CursorMoved,
     DivergenceFound,
     FilterReady,
@@ -37,23 +40,28 @@ from schedtrace.tui.messages import (
     ReplayProgress,
     ScanDone,
     ScanProgress,
-    TimelineReady,
-    TimelineResized,
     WorkerFailed,
 )
-from schedtrace.tui.model.filters import PassFilter
-from schedtrace.tui.model.marks import Marks, build_marks
+from schedtrace.tui.model.charts import ChartData
+from schedtrace.tui.model.filters import FilterInputs, PassFilter
+from schedtrace.tui.model.marks import RECORDED, Marks, build_marks
 from schedtrace.tui.model.pass_cache import PassCache
 from schedtrace.tui.model.replay_index import ReplayIndex
+from schedtrace.tui.model.report_match import report_doubts
+from schedtrace.tui.model.rids import short_rid
 from schedtrace.tui.model.rows import ListedPasses
 from schedtrace.tui.model.scan import ScanResult
-from schedtrace.tui.model.series import TimelineData, timeline_data
+from schedtrace.tui.model.why_lines import WhyLines
+from schedtrace.tui.prompts import PromptActions
+from schedtrace.tui.replay_process import ReplayProcess
 from schedtrace.tui.widgets.bars import Status, StatusLine, TraceHeader
+from schedtrace.tui.widgets.charts import Chart
 from schedtrace.tui.widgets.detail import DetailPane
+from schedtrace.tui.widgets.help import HelpScreen, key_label, keys_text, legend_text, pane_keys
 from schedtrace.tui.widgets.pass_detail import pass_detail
-from schedtrace.tui.widgets.pass_list import HEADER_TEXT, PassList
-from schedtrace.tui.widgets.screens import HelpScreen, Prompt, RequestScreen
-from schedtrace.tui.widgets.timeline import Timeline
+from schedtrace.tui.widgets.pass_list import ListHeader, PassList
+from schedtrace.tui.widgets.plots import ChartImage
+from schedtrace.tui.widgets.screens import Prompt, RequestScreen
 
 KEYS: list[tuple[str, str, str]] = [
     # (key, action, description) — the footer, `?` help and the command palette all list these
@@ -64,23 +72,23 @@ KEYS: list[tuple[str, str, str]] = [
     ("e", "jump('error', 1)", "Next error"),
     ("E", "jump('error', -1)", "Previous error"),
     ("g", "goto", "Go to pass"),
-    ("slash", "find_rid", "Find rid"),
+    ("slash", "find_rid", "Find request"),
     ("f", "filter", "Filter passes"),
     ("r", "request", "Request view"),
-    ("question_mark", "help", "Help"),
+    ("tab", "focus_next", "Next pane"),
+    ("question_mark", "help", "Help, legend"),
     ("q", "quit", "Quit"),
 ]
 _SHOWN = {"n", "s", "e", "g", "slash", "f", "r", "question_mark", "q"}
+PANES: list[tuple[str, type]] = [("pass list", PassList), ("detail pane", DetailPane), ("charts", Chart),
+                                 ("request view", RequestScreen), ("a prompt", Prompt), ("this help", HelpScreen)]
 
 
-def _key_label(key: str) -> str:
-    return key.replace("slash", "/").replace("question_mark", "?")
-
-
-class TraceApp(App[None]):
+class TraceApp(PromptActions, App[None]):
     CSS_PATH = "styles.tcss"
     TITLE = "schedtrace"
-    BINDINGS = [Binding(key, action, description, show=key in _SHOWN) for key, action, description in KEYS]
+    BINDINGS = [Binding(key, action, description, show=key in _SHOWN) for key, action, description in KEYS
+                if key != "tab"]
 
     # The state the widgets are bound to (see compose). ``var``, not ``reactive``: a change
     # repaints only the widgets bound to it, never the whole screen.
@@ -91,23 +99,30 @@ class TraceApp(App[None]):
     scan: var[ScanResult | None] = var(None, init=False)
     divergences: var[int] = var(0, init=False)
     status: var[Status] = var(Status(), init=False)
-    scan_note: var[str] = var("scanning trace…", init=False)
-    timeline: var[TimelineData | None] = var(None, init=False)
+    chart_note: var[str] = var("scanning trace…", init=False)
+    chart_data: var[ChartData | None] = var(None, init=False)
+    kv_image: var[ChartImage | None] = var(None, init=False)
+    queue_image: var[ChartImage | None] = var(None, init=False)
+    report_doubts: var[list[str]] = var(list, init=False)
     detail: var[list[Text]] = var(lambda: [Text("No pass selected.")], always_update=True, init=False)
 
     def __init__(self, reader: TraceReader, *, report: Report | None = None,
-                 arms: tuple[str, str] | None = None) -> None:
+                 arms: tuple[str, str] | None = None, stall_passes: int = DEFAULT_STALL_PASSES) -> None:
+        """``stall_passes``: the stall rule's threshold for the trace's own stalls (a report has its own)."""
         super().__init__()
+        self.stall_passes = stall_passes
         self.reader = reader
         self.trace_path = reader.path
         self.cache = PassCache(reader)
+        self.why = WhyLines(reader.header)
         self.replay = ReplayIndex(report)
         self.arms: tuple[str, str] | None = (report.old, report.new) if report is not None else arms
-        self.run_arms = arms if report is None else None  # replay to run in a worker
+        self.replay_process = ReplayProcess(reader.path, *arms) if report is None and arms else None
+        self.shared = workers.SharedReader(reader.path)
         self.detail_pass: int | None = None  # the pass the detail pane shows
         self.flt: PassFilter | None = None
-        self.rid: str | None = None
-        self._timeline_buckets = 0
+        self.rid: str | None = None  # the request found with /
+        self._chart_size = (0, 0)
         self.set_reactive(TraceApp.passes, reader.pass_count if reader.closed_cleanly else 0)
         self.set_reactive(TraceApp.marks, build_marks(None, self.replay))
         self.set_reactive(TraceApp.divergences, len(self.replay.divergences))
@@ -117,13 +132,17 @@ class TraceApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield TraceHeader(self.reader, self.arms, id="trace-header").data_bind(
-            TraceApp.passes, TraceApp.scan, TraceApp.divergences)
+            TraceApp.passes, TraceApp.scan, TraceApp.divergences, TraceApp.report_doubts)
         yield StatusLine(id="status").data_bind(TraceApp.status)
-        yield Timeline(id="timeline").data_bind(TraceApp.selected, data=TraceApp.timeline, note=TraceApp.scan_note)
+        with Horizontal(id="charts"):
+            for kind, image in (("kv", TraceApp.kv_image), ("queue", TraceApp.queue_image)):
+                yield Chart(kind, id=f"{kind}-chart").data_bind(
+                    TraceApp.selected, data=TraceApp.chart_data, image=image, note=TraceApp.chart_note)
         with Horizontal(id="main"):
             with Vertical(id="list-pane"):
-                yield Static(HEADER_TEXT, id="list-header")
-                yield PassList(self.cache, id="passes").data_bind(TraceApp.selected, TraceApp.listed, TraceApp.marks)
+                yield ListHeader(id="list-header")
+                yield PassList(self.cache, self.why, id="passes").data_bind(
+                    TraceApp.selected, TraceApp.listed, TraceApp.marks)
             yield DetailPane(id="detail").data_bind(lines=TraceApp.detail)
         yield Footer()
 
@@ -136,8 +155,10 @@ class TraceApp(App[None]):
             self.index_trace()
         # After the first frame: the scan thread competes with the UI thread for the GIL.
         self.call_after_refresh(self.scan_trace)
-        if self.run_arms is not None:
+        if self.replay_process is not None:
             self.run_replay()
+        if self.reader.closed_cleanly:
+            self.call_after_refresh(self.check_report)
 
     @property
     def status_text(self) -> str:
@@ -155,33 +176,42 @@ class TraceApp(App[None]):
     @work(thread=True, exclusive=True, group="scan")
     def scan_trace(self) -> None:
         worker = get_current_worker()
-        workers.scan(self.trace_path, self.post_message, cancelled=lambda: worker.is_cancelled)
+        workers.scan(self.shared, self.post_message, cancelled=lambda: worker.is_cancelled,
+                     stall_passes=self.stall_passes)
 
-    @work(thread=True, exclusive=True, group="timeline")
-    def build_timeline(self, scan: ScanResult, marks: Marks, buckets: int) -> None:
-        if buckets > 0:
-            self.post_message(TimelineReady(timeline_data(scan, marks, buckets)))
+    @work(thread=True, exclusive=True, group="charts")
+    def build_charts(self, scan: ScanResult, marks: Marks, width: int, plot_height: int) -> None:
+        workers.build_charts(self.shared, scan, marks, width, plot_height, self.post_message)
 
     @work(thread=True, exclusive=True, group="filter")
     def compute_filter(self, flt: PassFilter) -> None:
-        workers.filter_passes(flt, self.passes, self.replay, self.scan.results if self.scan else None,
-                              self.post_message)
+        worker = get_current_worker()
+        rids = self.scan.rids if self.scan else None
+        inputs = FilterInputs(
+            self.passes, self.replay, self.marks, self.scan.results if self.scan else None,
+            rid_passes=lambda rid: workers.rid_pass_numbers(self.shared, rid, rids.get(rid) if rids else None,
+                                                            lambda: worker.is_cancelled),
+        )
+        workers.filter_passes(flt, inputs, self.post_message)
 
     @work(thread=True, exclusive=True, group="request")
     def load_request(self, screen: RequestScreen, rid: str) -> None:
-        workers.load_request(self.trace_path, rid, self.scan.rids.get(rid) if self.scan else None, self.passes,
-                             self.reader.header.server_args.max_running_requests, screen.post_message)
+        worker = get_current_worker()
+        workers.load_request(self.shared, rid, self.scan.rids.get(rid) if self.scan else None, self.passes,
+                             self.reader.header.server_args.max_running_requests, screen.post_message,
+                             lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="replay")
     def run_replay(self) -> None:
-        assert self.run_arms is not None
-        workers.replay(self.trace_path, *self.run_arms, self.post_message)
+        assert self.replay_process is not None
+        self.replay_process.run(self.post_message)
 
     # --- worker messages ---
 
     def on_index_ready(self, message: IndexReady) -> None:
         self.passes = message.passes
         self._show_passes()
+        self.check_report()
         if self.reader.truncated_at is not None:
             self.set_status(f"trace is truncated at byte {self.reader.truncated_at:,}: "
                             f"showing the {self.passes:,} passes before it")
@@ -189,7 +219,7 @@ class TraceApp(App[None]):
             self.set_status("")
 
     def on_scan_progress(self, message: ScanProgress) -> None:
-        self.scan_note = f"scanning trace… {100 * message.done // max(message.total, 1)}%"
+        self.chart_note = f"scanning trace… {100 * message.done // max(message.total, 1)}%"
 
     def on_scan_done(self, message: ScanDone) -> None:
         scan = message.scan
@@ -197,21 +227,30 @@ class TraceApp(App[None]):
             self.passes = scan.passes
             self._show_passes()
         self.scan = scan
+        self.why.set_latch(scan.latch)
         self._rebuild_marks()
+        self._show_detail()
         if scan.failure:
             self.set_status(f"trace is corrupt: {scan.failure}; showing what came before", error=True)
         elif scan.truncated_at is not None:
             self.set_status(f"trace is truncated at byte {scan.truncated_at:,} (killed recorder?): "
                             f"showing the {self.passes:,} valid passes; the last one is where it ends")
+        if not scan.passes:
+            self.chart_note = "no passes to chart"
 
-    def on_timeline_ready(self, message: TimelineReady) -> None:
-        self.timeline = message.data
+    def on_charts_ready(self, message: ChartsReady) -> None:
+        self.chart_data, self.kv_image, self.queue_image = message.data, message.kv, message.queue
 
-    def on_timeline_resized(self, message: TimelineResized) -> None:
-        if message.buckets != self._timeline_buckets:
-            self._timeline_buckets = message.buckets
-            if self.scan is not None:
-                self.build_timeline(self.scan, self.marks, message.buckets)
+    def on_charts_resized(self, message: ChartsResized) -> None:
+        size = (message.width, message.plot_height)
+        if size != self._chart_size:
+            self._chart_size = size
+            self._rebuild_charts()
+
+    def _rebuild_charts(self) -> None:
+        width, height = self._chart_size
+        if self.scan is not None and self.scan.passes and width > 20:
+            self.build_charts(self.scan, self.marks, width, height)
 
     def on_filter_ready(self, message: FilterReady) -> None:
         self.flt = message.flt
@@ -239,6 +278,18 @@ class TraceApp(App[None]):
         self.set_status(f"replay done: {len(self.replay.divergences):,} divergences")
         self._show_detail()
 
+    def check_report(self) -> None:
+        """Say when the report shown is not this trace's (about a millisecond: the passes are counted)."""
+        if self.replay.report is None:
+            return
+        try:
+            doubts = report_doubts(self.replay.report, self.reader)
+        except SchedtraceError as exc:
+            doubts = [f"it could not be checked against the trace: {exc}"]
+        self.report_doubts = doubts
+        if doubts:
+            self.set_status("this report may not be this trace's: " + "; ".join(doubts), error=True)
+
     def on_worker_failed(self, message: WorkerFailed) -> None:
         self.set_status(f"{message.what} failed: {message.message}", error=True)
         if message.what == "filter":
@@ -246,8 +297,7 @@ class TraceApp(App[None]):
 
     def _rebuild_marks(self) -> None:
         self.marks = build_marks(self.scan, self.replay)
-        if self.scan is not None:
-            self.build_timeline(self.scan, self.marks, self._timeline_buckets)
+        self._rebuild_charts()
 
     # --- selection ---
 
@@ -266,7 +316,7 @@ class TraceApp(App[None]):
         self.select_pass(message.pass_no)
 
     def select_pass(self, n: int) -> None:
-        # The nearest listed pass, so that list, timeline and detail all move in this
+        # The nearest listed pass, so that list, charts and detail all move in this
         # same turn (one frame); the list's CursorMoved then finds nothing left to do.
         target = self.listed.nearest(n)
         if target is not None:
@@ -284,13 +334,21 @@ class TraceApp(App[None]):
         except SchedtraceError as exc:
             self.detail = [Text(f"Pass {n} cannot be read: {exc}", style="bold red")]
             return
+        divergence = self.replay.divergences.get(n)
+        if divergence is not None and self.arms is not None:
+            why = self.why.by_arm(n, p, divergence, self.arms)
+        else:
+            why = [(None, self.why.of(n, p))]
         self.detail = pass_detail(
             p,
-            divergence=self.replay.divergences.get(n),
+            divergence=divergence,
             mismatch=self.replay.mismatch_at(n),
             arms=self.arms,
-            in_stall=self.marks.in_stall(n),
+            stalls=self.marks.stalls_at(n),
+            arm_order=self.marks.arms,
             failed_alloc=self.marks.failed_alloc_at(n),
+            why=why,
+            searched=self.rid,
         )
 
     # --- actions ---
@@ -307,65 +365,17 @@ class TraceApp(App[None]):
             self.notify(f"No {'later' if direction > 0 else 'earlier'} {kind}.", severity="information")
             return
         self.select_pass(target)
+        if kind == "stall":
+            self.set_status(self._stall_status(target))
 
-    def action_goto(self) -> None:
-        def done(text: str | None) -> None:
-            if not text:
-                return
-            try:
-                n = int(text.strip().replace(",", "").replace("_", ""))
-            except ValueError:
-                self.notify(f"Not a pass number: {text!r}", severity="error")
-                return
-            if not 0 <= n < self.passes:
-                self.notify(f"Pass {n} is out of range (0–{self.passes - 1}).", severity="error")
-                return
-            self.select_pass(n)
-
-        self.push_screen(Prompt("Go to pass:", placeholder=f"0–{max(self.passes - 1, 0)}"), done)
-
-    def action_find_rid(self) -> None:
-        def done(text: str | None) -> None:
-            rid = (text or "").strip()
-            if not rid:
-                return
-            if self.scan is None:
-                self.notify("Still building the request index; try again in a moment.", severity="warning")
-                return
-            span = self.scan.rids.get(rid)
-            if span is None:
-                self.notify(f"No request {rid!r} in this trace.", severity="error")
-                return
-            self.rid = rid
-            self.select_pass(span.first_pass)
-            self.set_status(f"request {rid}: passes {span.first_pass}–{span.last_pass}; press r for its life")
-
-        self.push_screen(Prompt("Find request id:", placeholder="rid"), done)
-
-    def action_filter(self) -> None:
-        fixes = ", ".join(sorted(self.replay.fixes)) or "none"
-
-        def done(text: str | None) -> None:
-            if text is None:
-                return
-            if not text.strip():
-                self.post_message(FilterReady(None, None))
-                return
-            try:
-                flt = PassFilter.parse(text)
-            except ValueError as exc:
-                self.notify(str(exc), severity="error")
-                return
-            if flt.kind in ("divergent", "fix") and self.arms is None:
-                self.notify("No replay loaded: only result filters work.", severity="warning")
-                return
-            self.compute_filter(flt)
-
-        self.push_screen(
-            Prompt("Filter passes (empty clears):", placeholder="divergent | fix NAME | result WORD | !…",
-                   hint=f"fixes: {fixes}; results: {' '.join(OUTCOMES)}"),
-            done,
-        )
+    def _stall_status(self, n: int) -> str:
+        """Which arm's stall the jump landed on (and the other arms' stalls there)."""
+        runs = [run for run in self.marks.stalls_at(n) if run.start == n] or self.marks.stalls_at(n)
+        parts = [run.describe() for run in runs]
+        others = [arm for arm in self.marks.arms if arm not in {run.arm for run in runs}]
+        if others:
+            parts.append(f"{', '.join(others)}: no stall here")
+        return "; ".join(parts)
 
     def action_request(self) -> None:
         rid = self.rid or self._rid_at_selection()
@@ -393,11 +403,36 @@ class TraceApp(App[None]):
                 return rows[0].rid
         return p.chunked.rid if p.chunked else None
 
+    def found_rid(self, rid: str) -> None:
+        """``/`` found ``rid``: go to its first pass and highlight it (prompts.py calls this)."""
+        assert self.scan is not None
+        span = self.scan.rids[rid]
+        self.rid = rid
+        self.select_pass(span.first_pass)
+        self._show_detail()  # the highlight, even when the pass does not change
+        self.set_status(f"request {rid} ({short_rid(rid)}): passes {span.first_pass}–{span.last_pass}; "
+                        "r: its life, f rid: its passes")
+
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([(_key_label(key), description) for key, _, description in KEYS]))
+        self.push_screen(HelpScreen(keys_text(self.help_keys()), legend_text(self.marks.arms or (RECORDED,))))
+
+    def help_keys(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """Every key: the app's, then each pane's."""
+        everywhere = [(key_label(key), description) for key, _, description in KEYS]
+        return [("everywhere", everywhere), *((where, pane_keys(widget)) for where, widget in PANES)]
+
+    async def action_quit(self) -> None:
+        if self.replay_process is not None:
+            self.replay_process.stop()  # the replay's thread then ends with its child: nothing waits for it
+        self.exit()
+
+    def on_unmount(self) -> None:
+        if self.replay_process is not None:
+            self.replay_process.stop()
+        self.shared.close()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for key, action, description in KEYS:
-            yield SystemCommand(description, f"key {_key_label(key)}",
+            yield SystemCommand(description, f"key {key_label(key)}",
                                 lambda action=action: self.run_action(action))

@@ -14,8 +14,9 @@ from textual.message import Message
 from schedtrace.tracer.contract.report import Divergence, Report
 from schedtrace.tui.model.filters import PassFilter
 from schedtrace.tui.model.lifecycle import LifeStep
+from schedtrace.tui.model.charts import ChartData
 from schedtrace.tui.model.scan import ScanResult
-from schedtrace.tui.model.series import TimelineData
+from schedtrace.tui.widgets.plots import ChartImage
 
 # --- from workers, to the app ---------------------------------------------------------
 
@@ -39,8 +40,10 @@ class ScanDone(Message):
 
 
 @dataclass
-class TimelineReady(Message):
-    data: TimelineData
+class ChartsReady(Message):
+    data: ChartData
+    kv: ChartImage
+    queue: ChartImage
 
 
 @dataclass
@@ -67,7 +70,7 @@ class ReplayDone(Message):
 
 @dataclass
 class WorkerFailed(Message):
-    what: str  # "index", "scan", "filter", "replay"
+    what: str  # "index", "scan", "filter", "replay", "charts"
     message: str
 
 
@@ -97,11 +100,12 @@ class CursorMoved(Message):
 
 @dataclass
 class PassPicked(Message):
-    """The timeline asks for ``pass_no`` (a click, or left/right)."""
+    """A chart asks for ``pass_no`` (a click, or left/right)."""
 
     pass_no: int
 
 
 @dataclass
-class TimelineResized(Message):
-    buckets: int  # columns the timeline can draw
+class ChartsResized(Message):
+    width: int  # cells of one chart
+    plot_height: int  # lines its plot may take

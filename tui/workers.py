@@ -1,14 +1,17 @@
 """What the browser runs in thread workers: the I/O and the long computations.
 
-Each function reads through its own ``TraceReader`` (a reader seeks its file,
-and the UI thread keeps reading through the app's) and reports only by
-posting messages (``schedtrace.tui.messages``); none touches a widget.
+Each function reads through the workers' ``SharedReader`` (the UI thread
+keeps reading through the app's own) and reports only by posting messages
+(``schedtrace.tui.messages``); none touches a widget. The replay runs in a
+child process (``replay_process.py``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from textual.message import Message
@@ -16,22 +19,21 @@ from textual.message import Message
 from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tui.messages import (
-    DivergenceFound,
+    ChartsReady,
     FilterReady,
     IndexReady,
-    ReplayDone,
-    ReplayProgress,
     RequestFailed,
     RequestLoaded,
     ScanDone,
     ScanProgress,
     WorkerFailed,
 )
-from schedtrace.tui.model.filters import PassFilter, apply_filter
+from schedtrace.tui.model.charts import chart_data
+from schedtrace.tui.model.filters import FilterInputs, PassFilter, apply_filter
 from schedtrace.tui.model.lifecycle import find_rid_passes, request_life
-from schedtrace.tui.model.replay_index import ReplayIndex
+from schedtrace.tui.model.marks import Marks
 from schedtrace.tui.model.rids import RidSpan
-from schedtrace.tui.model.scan import scan_trace
+from schedtrace.tui.model.scan import ScanResult, scan_trace
 
 Post = Callable[[Message], object]
 
@@ -48,15 +50,46 @@ def count_passes(reader: TraceReader, post: Post) -> None:
     post(IndexReady(count))
 
 
-def scan(path: str | Path, post: Post, cancelled: Callable[[], bool]) -> None:
+class SharedReader:
+    """The one ``TraceReader`` the thread workers read through, one worker at a time.
+
+    A reader is not for two threads at once (it rebuilds delta passes from a
+    cache), and each new one costs: it checks the whole file (a hash of all
+    its bytes) and holds its own pass index. So the workers share this one
+    (the UI thread keeps reading through the app's own).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._reader: TraceReader | None = None
+
+    @contextmanager
+    def use(self) -> Iterator[TraceReader]:
+        with self._lock:
+            if self._reader is None:
+                self._reader = TraceReader(self.path)
+            yield self._reader
+
+    def close(self) -> None:
+        if self._lock.acquire(timeout=1.0):  # a worker still reading is cancelled, and ends within a moment
+            try:
+                if self._reader is not None:
+                    self._reader.close()
+                    self._reader = None
+            finally:
+                self._lock.release()
+
+
+def scan(shared: SharedReader, post: Post, cancelled: Callable[[], bool], stall_passes: int) -> None:
     # While this thread decodes, the UI thread waits up to one switch interval for the
     # GIL each time it wakes; a shorter interval keeps keys answered during the scan.
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(min(switch_interval, SCAN_SWITCH_INTERVAL_S))
     try:
-        with TraceReader(path) as own:
+        with shared.use() as own:
             result = scan_trace(own, on_progress=lambda done, total: post(ScanProgress(done, total)),
-                                cancelled=cancelled)
+                                cancelled=cancelled, stall_passes=stall_passes)
     except SchedtraceError as exc:
         post(WorkerFailed("scan", str(exc)))
         return
@@ -65,18 +98,26 @@ def scan(path: str | Path, post: Post, cancelled: Callable[[], bool]) -> None:
     post(ScanDone(result))
 
 
-def filter_passes(flt: PassFilter, passes: int, replay: ReplayIndex, results: Sequence[int] | None,
-                  post: Post) -> None:
+def filter_passes(flt: PassFilter, inputs: FilterInputs, post: Post) -> None:
     try:
-        rows = apply_filter(flt, passes, replay, results)
-    except ValueError as exc:
+        rows = apply_filter(flt, inputs)
+    except (ValueError, SchedtraceError) as exc:
         post(WorkerFailed("filter", str(exc)))
         return
     post(FilterReady(flt, rows))
 
 
-def load_request(path: str | Path, rid: str, span: RidSpan | None, passes: int, max_running: int | None,
-                 post: Post) -> None:
+def rid_pass_numbers(shared: SharedReader, rid: str, span: RidSpan | None,
+                     cancelled: Callable[[], bool]) -> list[int]:
+    """Pass numbers that mention ``rid`` (the rid filter's rows): only its span is read."""
+    if span is None:
+        return []
+    with shared.use() as own:
+        return [n for n, _ in find_rid_passes(own, rid, span.first_pass, span.last_pass, cancelled)]
+
+
+def load_request(shared: SharedReader, rid: str, span: RidSpan | None, passes: int, max_running: int | None,
+                 post: Post, cancelled: Callable[[], bool]) -> None:
     """``post`` goes to the RequestScreen showing ``rid``."""
     if span is None:
         post(RequestFailed(f"no request {rid!r} in this trace"))
@@ -84,30 +125,24 @@ def load_request(path: str | Path, rid: str, span: RidSpan | None, passes: int, 
     last = min(span.last_pass, span.first_pass + MAX_REQUEST_PASSES - 1, passes - 1)
     note = "" if last == span.last_pass else f"(first {MAX_REQUEST_PASSES:,} passes of its span)"
     try:
-        with TraceReader(path) as own:
-            steps = request_life(rid, find_rid_passes(own, rid, span.first_pass, last), span, max_running)
+        with shared.use() as own:
+            steps = request_life(rid, find_rid_passes(own, rid, span.first_pass, last, cancelled), span,
+                                 max_running)
     except SchedtraceError as exc:
         post(RequestFailed(str(exc)))
         return
     post(RequestLoaded(steps, note))
 
 
-def replay(path: str | Path, old: str, new: str, post: Post) -> None:
+def build_charts(shared: SharedReader, scan: ScanResult, marks: Marks, width: int, plot_height: int,
+                 post: Post) -> None:
+    from schedtrace.tui.widgets.plots import canvas_columns, kv_image, queue_image  # imports plotext
+
     try:
-        from schedtrace.replay.engine import replay_trace  # imports sglang: only when asked for
-    except ImportError as exc:
-        post(WorkerFailed("replay", f"replay engine not available: {exc}"))
-        return
-    try:
-        report = replay_trace(
-            path, old, new,
-            on_progress=lambda done, total: post(ReplayProgress(done, total)),
-            on_divergence=lambda d: post(DivergenceFound(d)),
-        )
+        with shared.use() as own:
+            data = chart_data(scan, marks, own.header, canvas_columns(width), own.pass_at)
     except SchedtraceError as exc:
-        post(WorkerFailed("replay", str(exc)))
+        post(WorkerFailed("charts", str(exc)))
         return
-    except Exception as exc:  # a replay bug must not take the browser down with it
-        post(WorkerFailed("replay", f"{type(exc).__name__}: {exc}"))
-        return
-    post(ReplayDone(report))
+    if data is not None:
+        post(ChartsReady(data, kv_image(data, width, plot_height), queue_image(data, width, plot_height)))

@@ -103,13 +103,19 @@ def fix_names(fixes: str) -> list[str]:
     return [name for name in FIXES if name in parse_variant(fixes)]
 
 
-def test_name(case: Case) -> str:
+def function_name(case: Case) -> str:
+    """The test function's name, from the fixes it is for."""
     names = [FIX_STORIES[f][0].removeprefix("test_") for f in fix_names(case.divergent.fixes)]
     return "test_" + "_and_".join(names)
 
 
 def story(case: Case) -> str:
+    """What the fix restores, as the assertion message ends."""
     return "; ".join(FIX_STORIES[f][1] for f in fix_names(case.divergent.fixes))
+
+
+def sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
 
 
 def edited_functions(fixes: str) -> str:
@@ -133,6 +139,7 @@ def _said(decision: Decision) -> str:
 
 def _server_constants(header: Header, p: Pass) -> list[str]:
     args = header.server_args
+    # As PassDriver sets pp_max_micro_batch_size: the effective max_running_requests.
     slots = header.max_req_slots or (args.max_running_requests or 0) + 1
     micro = args.max_running_requests or slots
     grid = max(1, header.mamba_chunk_grid)
@@ -193,14 +200,14 @@ def _req_lines(p: Pass) -> list[str]:
     return lines
 
 
-def _cache_line(p: Pass) -> tuple[str, str]:
-    """(the tree cache construction, the class it needs)."""
+def _cache_line(p: Pass) -> tuple[str, list[str]]:
+    """(the tree cache construction, the classes it needs)."""
     prefixes = {w.rid: w.prefix_len for w in p.waiting if w.prefix_len}
     shares = {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None and c.rid in prefixes}
     if not prefixes:
-        return "    tree_cache = EvictableOnlyCache(EVICTABLE_KV_TOKENS)", scaffold.NO_PREFIX_CACHE
+        return "    tree_cache = EvictableOnlyCache(EVICTABLE_KV_TOKENS)", [scaffold.EVICTABLE_ONLY_CACHE]
     return (f"    tree_cache = PrefixCache(EVICTABLE_KV_TOKENS, prefixes={lit_dict(prefixes)}, "
-            f"shares={lit_dict(shares)})", scaffold.PREFIX_CACHE)
+            f"shares={lit_dict(shares)})", [scaffold.EVICTABLE_ONLY_CACHE, scaffold.PREFIX_CACHE])
 
 
 def lit_dict(d: dict[str, int]) -> str:
@@ -223,11 +230,11 @@ def _pass_test(case: Case) -> tuple[list[str], str]:
     """(helper blocks, the test function) for a pass."""
     p = case.subject
     assert isinstance(p, Pass)
-    cache, cache_class = _cache_line(p)
+    cache, cache_classes = _cache_line(p)
     field = asserted_field(case.divergent)
     outcome_field = "new_chunked_rid" if field == "new_chunked_rid" else field
     expected = asserted_value(case.fixed, field)
-    helpers = [scaffold.OUTCOME, scaffold.FREE_KV, cache_class, scaffold.FREE_ROWS, scaffold.MAKE_REQ]
+    helpers = [scaffold.OUTCOME, scaffold.FREE_KV, *cache_classes, scaffold.FREE_ROWS, scaffold.MAKE_REQ]
     if any(w.output_len for w in p.waiting):
         helpers.append(scaffold.RETRACTED_REQ)
     if p.chunked is not None:
@@ -242,8 +249,8 @@ def _pass_test(case: Case) -> tuple[list[str], str]:
     else:
         check = f"outcome.{outcome_field} == {lit(expected)}"
     body = [
-        f"def {test_name(case)}({fixtures}):",
-        f'    """{story(case)[0].upper() + story(case)[1:]}."""',
+        f"def {function_name(case)}({fixtures}):",
+        f'    """{sentence(story(case))}"""',
         *_req_lines(p),
         cache,
         f"    outcome = run_pass(monkeypatch, tree_cache, waiting=waiting, running=running{chunked_arg})",
@@ -258,7 +265,7 @@ def _pass_test(case: Case) -> tuple[list[str], str]:
 def _aiter_test(case: Case) -> tuple[list[str], str]:
     e = case.subject
     assert isinstance(e, Aiter)
-    lines = [f"def {test_name(case)}(monkeypatch):", f'    """{story(case)[0].upper() + story(case)[1:]}."""']
+    lines = [f"def {function_name(case)}(monkeypatch):", f'    """{sentence(story(case))}"""']
     if e.in_piecewise_graph:
         lines.append('    monkeypatch.setattr(piecewise_graph, "_in_tc_piecewise_cuda_graph", True)')
     if e.in_breakable_graph:
@@ -294,7 +301,7 @@ def _docstring(cases: list[Case]) -> str:
     first = cases[0].divergent
     version = sglang_version()
     fixes = ",".join(dict.fromkeys(f for c in cases for f in fix_names(c.divergent.fixes)))
-    lines = [f"{story(cases[0])[0].upper() + story(cases[0])[1:]}.", ""]
+    lines = [sentence(story(cases[0])), ""]
     for case in cases:
         d = case.divergent
         what = "the aiter event after pass" if d.is_aiter else "pass"
@@ -304,8 +311,9 @@ def _docstring(cases: list[Case]) -> str:
             f" state stock sglang {_said(case.stock)}; with the {d.fixes} fix"
             f" ({edited_functions(d.fixes)}) it {_said(case.fixed)}."
         )
+    several = "es" if "," in fixes else ""
     lines += paragraph(
-        f"Fails on sglang {version} as released; passes with the {fixes} fix"
+        f"Fails on sglang {version} as released; passes with the {fixes} fix{several}"
         f" (`SCHEDTRACE_FIXES={fixes} python -m pytest` applies it, with schedtrace installed)."
         f" Recorded with sglang {first.header.sglang_version}. Imports only sglang, pytest and"
         " the standard library; runs on CPU."

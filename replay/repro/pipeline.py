@@ -23,6 +23,7 @@ from schedtrace.replay.repro.probe import Oracle, Probe
 from schedtrace.replay.repro.shrink import describe, shrink_aiter, shrink_pass
 from schedtrace.replay.repro.target import Divergent, find_divergences
 from schedtrace.replay.repro.verify import FAILED, PASSED, Run, run_variants
+from schedtrace.replay.variants import parse_variant, variant_label
 from schedtrace.tracer.contract.errors import ReproError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import STOCK
@@ -48,8 +49,6 @@ def shrink_divergent(d: Divergent, oracle: Oracle) -> Case:
 
 
 def _union(fix_sets: list[str]) -> str:
-    from schedtrace.replay.variants import parse_variant, variant_label
-
     return variant_label(frozenset().union(*(parse_variant(f) for f in fix_sets)))
 
 

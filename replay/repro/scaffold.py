@@ -69,7 +69,7 @@ class FreeKV(BaseTokenToKVPoolAllocator):
     clear = free = alloc
 '''
 
-NO_PREFIX_CACHE = '''
+EVICTABLE_ONLY_CACHE = '''
 class EvictableOnlyCache(BasePrefixCache):
     """The prefix cache as admission reads it: no request has a cached prefix; a count of evictable tokens."""
 
@@ -112,12 +112,12 @@ class CachedPrefix:
         self.tokens, self.evictable_share, self.lock_ref, self.held = tokens, evictable_share, 0, 0
 
 
-class PrefixCache(BasePrefixCache):
-    """The prefix cache as admission reads it: each request's cached prefix and a count of
-    evictable tokens. Locking a prefix takes it out of the evictable count, as the radix cache does."""
+class PrefixCache(EvictableOnlyCache):
+    """The prefix cache with each request's cached prefix. Locking a prefix takes it (or the
+    recorded share of it still evictable) out of the evictable count, as the radix cache does."""
 
     def __init__(self, evictable_tokens: int, prefixes: dict[str, int], shares: dict[str, int]) -> None:
-        self.disable, self.page_size, self.evictable_tokens = DISABLE_RADIX_CACHE, PAGE_SIZE, evictable_tokens
+        super().__init__(evictable_tokens)
         self.prefixes, self.shares, self.nodes = prefixes, shares, {}
         self.root_node = CachedPrefix(0, 0)
 
@@ -156,24 +156,8 @@ class PrefixCache(BasePrefixCache):
         node.lock_ref -= 1
         return DecLockRefResult(delta=delta)
 
-    def evictable_size(self) -> int:
-        return self.evictable_tokens
-
-    full_evictable_size = evictable_size
-
-    def protected_size(self) -> int:
-        return 0
-
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
-
-    def reset(self) -> None:
-        pass
-
-    def checkpoint(self, req, *, up_to, **kwargs):
-        raise AssertionError("admission stops before the cache is written")
-
-    evict = checkpoint
 '''
 
 FREE_ROWS = '''

@@ -64,7 +64,7 @@ def find_stall(trace: str | os.PathLike[str], onset: int, *, stall_passes: int, 
     report = run_bisect(trace, stall_passes=stall_passes)
     finding = next((f for f in report.findings if f.stall.start_pass == onset), None)
     if finding is None:
-        onsets = ", ".join(str(f.stall.start_pass) for f in report.findings) or "none"
+        onsets = ", ".join(str(n) for n in sorted({f.stall.start_pass for f in report.findings})) or "none"
         raise UsageError(f"--stall {onset}: no stock stall starts at pass {onset} (onsets: {onsets})")
     if not finding.reproduced:
         raise UsageError(f"--stall {onset}: stock does not stall there in closed loop, so no trace can show it")
@@ -169,7 +169,7 @@ def emit_stall_module(case: StallCase, found: MinimalTrace, trace_name: str) -> 
     version = sglang_version()
     lines = [f"Closed loop: stock sglang stalls the waiting queue; the {case.fixes} fix removes the stall.", ""]
     lines += paragraph(
-        f"Found by schedtrace in {case.trace}: a {case.finding.mode} stock stall from pass {s.start_pass}"
+        f"Found by schedtrace in {case.trace}: an {case.finding.mode} stock stall from pass {s.start_pass}"
         f" to {s.end_pass} ({s.passes} passes, head request {s.head_rid}); `schedtrace bisect` names"
         f" {case.fixes} as the smallest set of fixes that removes it. Delta debugging over the"
         f" requests of its closed loop ({describe_stall(case, found)}) kept {', '.join(found.keep)}:"

@@ -19,7 +19,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -43,6 +43,7 @@ class Run:
     variant: str
     outcomes: dict[str, str]  # "module::test" -> PASSED | FAILED | BROKEN
     detail: str  # the first failure's message, or pytest's own complaint
+    messages: dict[str, str] = field(default_factory=dict)  # "module::test" -> its failure's first line
 
     @property
     def outcome(self) -> str:
@@ -54,9 +55,10 @@ class Run:
         return _overall(v for k, v in self.outcomes.items() if k.partition("::")[0] == module)
 
 
-def _outcomes(junit: Path) -> tuple[dict[str, str], str]:
+def _outcomes(junit: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Each test's outcome and its failure's first line."""
     outcomes: dict[str, str] = {}
-    detail = ""
+    messages: dict[str, str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = f"{case.get('classname', '?').rpartition('.')[2]}::{case.get('name', '?')}"
         problem = case.find("failure")
@@ -68,9 +70,8 @@ def _outcomes(junit: Path) -> tuple[dict[str, str], str]:
         message = problem.get("message", "")
         own_check = problem.tag == "failure" and message.startswith("AssertionError")
         outcomes[name] = FAILED if own_check else BROKEN
-        if message and not detail:
-            detail = message.splitlines()[0][:300]
-    return outcomes, detail
+        messages[name] = (message.splitlines() or [problem.tag])[0][:300]
+    return outcomes, messages
 
 
 def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path] = ()) -> Run:
@@ -93,8 +94,8 @@ def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path]
         if not junit.exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
             return Run(variant, {}, tail[0][:300])
-        outcomes, detail = _outcomes(junit)
-        return Run(variant, outcomes, detail)
+        outcomes, messages = _outcomes(junit)
+        return Run(variant, outcomes, next(iter(messages.values()), ""), messages)
 
 
 def run_variants(modules: list[Path], variants: list[str], *, jobs: int = 2,

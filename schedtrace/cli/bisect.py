@@ -1,22 +1,22 @@
-"""``schedtrace bisect TRACE``: onset, first divergence and smallest fix set of each stall.
+"""``schedtrace bisect TRACE...``: onset, first divergence and smallest fix set of each stall, per rank.
 
 Exit codes, as ``schedtrace replay --fail-on stall``: 0 no stock stall found,
-1 at least one, 2 usage or input error (one line on stderr, no traceback;
-see schedtrace.cli).
+1 at least one (on any rank), 2 usage or input error (one line on stderr, no
+traceback; see schedtrace.cli).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from schedtrace.cli.options import (STDOUT, from_pass_option, json_option, stall_passes_option, trace_argument,
-                                    write_json)
+from schedtrace.cli.options import (STDOUT, chosen_ranks, from_pass_option, json_option, ranks_json,
+                                    stall_passes_option, traces_argument, write_json)
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
 from schedtrace.replay.bisect import CLOSED_LOOP, OPEN_LOOP, BisectReport, StallFinding
+from schedtrace.tracer.contract.traceset import TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -55,28 +55,37 @@ def render(report: BisectReport, console: Console) -> None:
         console.print(table)
 
 
-@click.command(short_help="Find where each stall began and the fewest fixes that remove it.")
-@trace_argument
+@click.command(short_help="Find where each stall began and the fewest fixes that remove it, per rank.")
+@traces_argument
 @stall_passes_option()
-@json_option("the findings")
+@json_option("the findings (several ranks: one report per rank)")
 @from_pass_option
 @click.option("--max-passes", type=click.IntRange(min=1), default=None,
               help="Bound every closed loop to this many passes (default: enough for every request to finish).")
 @click.option("--mode", type=click.Choice(sorted(MODES)), default="both", show_default=True,
               help="Which stalls to bisect: open-loop (recorded passes), closed-loop, or both.")
-def bisect(trace: Path, stall_passes: int, json_out: str | None, from_pass: int,
-           max_passes: int | None, mode: str) -> None:
-    """Find where each stock stall of TRACE began and the fewest fixes that remove it."""
+def bisect(traces: TraceSet, rank: str | None, run_id: str | None, stall_passes: int, json_out: str | None,
+           from_pass: int, max_passes: int | None, mode: str) -> None:
+    """Find where each stock stall of each rank of TRACE... (files, globs or directories; a rank's
+    parts read as one) began and the fewest fixes that remove it."""
     from schedtrace.replay.bisect import dump_bisect, run_bisect
 
-    with Activity() as activity:
+    reports: dict[str, BisectReport] = {}
+    with traces, Activity() as activity:
+        run, ranks = chosen_ranks(traces, rank, run_id)
         activity.import_sglang()
-        activity.phase(f"bisecting stalls ({mode})")  # no per-pass progress from replay.bisect yet
-        report = run_bisect(trace, stall_passes=stall_passes, from_pass=from_pass, max_passes=max_passes,
-                            modes=MODES[mode])
+        for r in ranks:
+            which = f" on {r.label}" if len(ranks) > 1 else ""
+            activity.phase(f"bisecting stalls ({mode}){which}")  # no per-pass progress from replay.bisect yet
+            reports[r.label] = run_bisect(r, stall_passes=stall_passes, from_pass=from_pass,
+                                          max_passes=max_passes, modes=MODES[mode])
     if json_out is not None:
-        write_json(json_out, dump_bisect(report))
+        write_json(json_out, dump_bisect(*reports.values()) if len(reports) == 1 else ranks_json(run, reports))
     if json_out != STDOUT:
-        render(report, summary_console())
-    if report.findings:
+        console = summary_console()
+        for label, report in reports.items():
+            if len(reports) > 1:
+                console.rule(f"rank {label}")
+            render(report, console)
+    if any(report.findings for report in reports.values()):
         raise click.exceptions.Exit(1)

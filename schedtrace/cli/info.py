@@ -1,21 +1,21 @@
-"""``schedtrace info TRACE``: what one trace file holds, and what looks wrong.
+"""``schedtrace info TRACE...``: what each rank's trace holds, and what looks wrong.
 
 The summary itself is ``schedtrace.tracer.analysis.summary`` (pure, also the
-``--json`` output); this module only renders it.
+``--json`` output); this module only renders it, one rank after another.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from schedtrace.cli.options import STDOUT, json_option, stall_passes_option, trace_argument, write_json
+from schedtrace.cli.options import (STDOUT, chosen_ranks, json_option, ranks_json, stall_passes_option,
+                                    traces_argument, write_json)
 from schedtrace.cli.style import compact_table, plural, summary_console
 from schedtrace.tracer.analysis.summary import summarize
-from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.traceset import TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -51,9 +51,24 @@ def _anomalies(a: dict[str, Any], console: Console) -> None:
         console.print(Padding(table, (0, 0, 0, 4), expand=False))
 
 
+def _pools(pools: list[dict[str, Any]], console: Console) -> None:
+    # lowest: the least free + evictable and its pass; limiting: passes it had the least headroom
+    table = compact_table(("pool", "size", "free", "evictable", "protected", "lowest\n@ pass", "limiting\npasses"),
+                          shrink=("pool",), title="pools at the last pass")
+    for p in pools:
+        size = "?" if p["size"] is None else str(p["size"])
+        protected = "-" if p["protected"] is None else str(p["protected"])
+        table.add_row(f"{p['pool']} ({p['unit']})", size, str(p["free"]), str(p["evictable"]), protected,
+                      f"{p['lowest_free_evictable']} @{p['lowest_at_pass']}", str(p["limiting_passes"]))
+    console.print(table)
+
+
 def render(summary: dict[str, Any], console: Console) -> None:
     h = summary["header"]
     console.print(f"[bold]{summary['file']}[/bold]")
+    if len(summary["parts"]) > 1:
+        console.print(f"read as one trace with {plural(len(summary['parts']) - 1, 'later part')}: "
+                      + ", ".join(summary["parts"][1:]))
     console.print(f"model {h['model']}")
     console.print(f"sglang {h['sglang_version']}, schedtrace {h['schedtrace_version']}")
     console.print(f"host {h['host']}, pid {h['pid']}, tp rank {h['tp_rank']}, dp rank {h['dp_rank']}, "
@@ -75,19 +90,31 @@ def render(summary: dict[str, Any], console: Console) -> None:
     if summary["unknown_records"]:
         counts.add_row("unknown records", ", ".join(f"{k}: {v}" for k, v in summary["unknown_records"].items()))
     console.print(counts)
+    if summary["pools"] is not None:
+        _pools(summary["pools"], console)
     _anomalies(summary["anomalies"], console)
 
 
-@click.command(short_help="Summarize a trace: contents and anomalies.")
-@trace_argument
-@json_option("the summary")
+@click.command(short_help="Summarize a trace: contents and anomalies, per rank.")
+@traces_argument
+@json_option("the summary (several ranks: one per rank)")
 @stall_passes_option("--min-run")
-def info(trace: Path, json_out: str | None, stall_passes: int) -> None:
-    """Summarize TRACE: header, counts, idle passes, losses, truncation and anomalies
+def info(traces: TraceSet, rank: str | None, run_id: str | None, json_out: str | None, stall_passes: int) -> None:
+    """Summarize each rank of TRACE... (files, globs or directories; a rank's parts read as one):
+    header, counts, idle passes, losses, truncation, the pools of a hybrid model, and anomalies
     (failed allocations, exceptions, stalls while KV was free)."""
-    with TraceReader(trace) as reader:
-        summary = summarize(reader, stall_passes)
+    with traces:
+        run, ranks = chosen_ranks(traces, rank, run_id)
+        summaries = {r.label: summarize(r, stall_passes) for r in ranks}
     if json_out is not None:
-        write_json(json_out, json.dumps(summary, sort_keys=True).encode() + b"\n")
+        if len(summaries) == 1:
+            (summary,) = summaries.values()
+            write_json(json_out, json.dumps(summary, sort_keys=True).encode() + b"\n")
+        else:
+            write_json(json_out, ranks_json(run, summaries))
     if json_out != STDOUT:
-        render(summary, summary_console())
+        console = summary_console()
+        for label, summary in summaries.items():
+            if len(summaries) > 1:
+                console.rule(f"rank {label}")
+            render(summary, console)

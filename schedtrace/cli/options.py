@@ -6,6 +6,12 @@ not after the 12 s sglang import.
 
 ``--json PATH`` means one thing in every command: write the command's JSON
 to PATH; ``-`` writes it to stdout in place of the human summary.
+
+``TRACE...`` is a trace set: files, globs or directories, grouped into runs,
+ranks and parts (``schedtrace.tracer.contract.traceset``). A command reads
+every rank of the run, or the one ``--rank`` names; its JSON is then one
+report per rank, ``{"run": ID, "ranks": {"tp0": ..., ...}}``, and the
+one-rank JSON stays as it was.
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
+import msgspec
 from click.core import ParameterSource
 
 from schedtrace.tracer.contract.errors import SchedtraceError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK
+from schedtrace.tracer.contract.traceset import RankTrace, Run, TraceSet, open_traceset
 
 F = TypeVar("F", bound=Callable[..., Any])
 STDOUT = "-"
@@ -65,7 +73,53 @@ VARIANT = Variant()
 
 
 def trace_argument(f: F) -> F:
+    """One trace file (``repro``); the other commands take a trace set (``traces_argument``)."""
     return click.argument("trace", type=TRACE)(f)
+
+
+def _open_traces(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> TraceSet:
+    # Headers and footers only: a missing part or a bad file fails here, before sglang is imported.
+    return open_traceset(value)
+
+
+def _traces(f: F, ranks_by_default: str) -> F:
+    f = click.option("--run", "run_id", metavar="ID",
+                     help="The run to read, by its id or a prefix, when the files hold several.")(f)
+    f = click.option("--rank", metavar="RANK",
+                     help=f"Read only this rank (tp3, dp1.tp3, or a bare tp rank); default: {ranks_by_default}.")(f)
+    return click.argument("traces", nargs=-1, required=True, metavar="TRACE...", callback=_open_traces)(f)
+
+
+def traces_argument(f: F) -> F:
+    """``TRACE...``: files, globs or directories, opened as a ``TraceSet`` while click parses."""
+    return _traces(f, "every rank")
+
+
+def one_rank_traces_argument(f: F) -> F:
+    """``TRACE...`` for a command that reads one rank (``tui``): the first unless ``--rank``."""
+    return _traces(f, "the first rank")
+
+
+def chosen_ranks(traces: TraceSet, rank: str | None, run_id: str | None, *,
+                 first_only: bool = False) -> tuple[Run, tuple[RankTrace, ...]]:
+    """The run and the ranks a command works on: ``--rank``'s, else every rank (or the first).
+
+    The run's notes (ranks or leading parts not in the set) go to stderr, one line each.
+    """
+    run = traces.run(run_id)
+    for note in run.notes:
+        click.echo(f"schedtrace: note: {note}", err=True)
+    if rank is not None:
+        return run, (run.rank(rank),)
+    return run, run.ranks[:1] if first_only else run.ranks
+
+
+_sorted_json = msgspec.json.Encoder(order="sorted")
+
+
+def ranks_json(run: Run, reports: dict[str, Any]) -> bytes:
+    """Several ranks' reports as one deterministic JSON document (keys sorted, indented)."""
+    return msgspec.json.format(_sorted_json.encode({"run": run.label, "ranks": reports}), indent=2) + b"\n"
 
 
 def old_new_options(old: str | None = STOCK, new: str | None = FIXED, why: str = "") -> Callable[[F], F]:

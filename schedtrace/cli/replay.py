@@ -1,21 +1,21 @@
-"""``schedtrace replay TRACE``: open-loop replay under two arms, gated for CI.
+"""``schedtrace replay TRACE...``: open-loop replay under two arms, per rank, gated for CI.
 
-Exit codes: 0 the gate holds, 1 ``--fail-on`` tripped, 2 usage or input
-error (one line on stderr, no traceback; see schedtrace.cli).
+Exit codes: 0 the gate holds, 1 ``--fail-on`` tripped (on any rank), 2 usage
+or input error (one line on stderr, no traceback; see schedtrace.cli).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from schedtrace.cli.options import (STDOUT, from_pass_option, jobs_option, json_option, old_new_options,
-                                    stall_passes_option, trace_argument, write_json)
+from schedtrace.cli.options import (STDOUT, chosen_ranks, from_pass_option, jobs_option, json_option, old_new_options,
+                                    ranks_json, stall_passes_option, traces_argument, write_json)
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
-from schedtrace.tracer.contract.report import ClosedLoop, Report
+from schedtrace.tracer.contract.report import ClosedLoop, Report, SelfCheck
+from schedtrace.tracer.contract.traceset import TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -76,6 +76,15 @@ def _arm_lines(report: Report, console: Console) -> None:
             console.print(f"  first error: pass {errors[0].pass_}: {errors[0].error}")
 
 
+def _fix_notes(report: Report, console: Console) -> None:
+    """How each fix meets a hybrid trace's pools (the report's ``fix_notes``)."""
+    if not report.fix_notes:
+        return
+    console.print("fixes on these pools:")
+    for fix, note in report.fix_notes.items():
+        console.print(f"  {fix}: {note}")
+
+
 def closed_loop_table(loop: ClosedLoop):
     table = compact_table(("arm", "done", "left", "stalls", "stalled\npasses", "over-asks", "exceptions",
                            "queue\npeak"), shrink=("arm",),
@@ -86,9 +95,28 @@ def closed_loop_table(loop: ClosedLoop):
     return table
 
 
+def self_check_table(check: SelfCheck):
+    """How closely the stock arm's closed loop reproduced the recording (docs/closed-loop.md)."""
+    table = compact_table(("self-check", "recorded", "loop"), shrink=("self-check",),
+                          title=f"self-check: the {check.arm} loop against the recording")
+    table.add_row("first-admission wait p50 (passes)", str(check.recorded_wait_p50), str(check.loop_wait_p50))
+    table.add_row("first-admission wait p90 (passes)", str(check.recorded_wait_p90), str(check.loop_wait_p90))
+    table.add_row("queue peak", str(check.recorded_queue_peak), str(check.loop_queue_peak))
+    table.add_row("admitted in one only", str(check.recorded_only), str(check.loop_only))
+    return table
+
+
+def _self_check(check: SelfCheck, console: Console) -> None:
+    console.print(self_check_table(check))
+    console.print(f"  wait error p50 {check.wait_error_p50:.2f}, p90 {check.wait_error_p90:.2f} over "
+                  f"{plural(check.requests, 'request')}; completion order of {check.finished} finished: "
+                  f"{check.order_agreement:.0%} of pairs agree, tau-b {check.kendall_tau:.2f}")
+
+
 def render(report: Report, console: Console) -> None:
-    console.print(f"[bold]{report.trace}[/]: {plural(report.passes, 'pass')}, "
-                  f"{plural(report.aiter_events, 'aiter event')}, {report.old} vs {report.new}")
+    console.print(f"[bold]{report.trace}[/]")  # a line of its own: a long path must not wrap the rest
+    console.print(f"{plural(report.passes, 'pass')}, {plural(report.aiter_events, 'aiter event')}, "
+                  f"{report.old} vs {report.new}")
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     if report.unknown_records:
@@ -96,43 +124,57 @@ def render(report: Report, console: Console) -> None:
         console.print(f"[yellow]skipped unknown records:[/] {skipped}")
     if report.old == "stock":
         _fidelity(report, console)
+    _fix_notes(report, console)
     _divergences(report, console)
     _arm_lines(report, console)
     if report.closed_loop is not None:
         console.print(closed_loop_table(report.closed_loop))
+        if report.closed_loop.self_check is not None:
+            _self_check(report.closed_loop.self_check, console)
 
 
-@click.command(short_help="Replay a trace under two arms and compare them.")
-@trace_argument
+@click.command(short_help="Replay a trace under two arms and compare them, per rank.")
+@traces_argument
 @old_new_options()
-@json_option("the report (docs/replay-report.md)")
+@json_option("the report (docs/replay-report.md; several ranks: one per rank)")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="none", show_default=True,
-              help="Exit 1 when this is found.")
+              help="Exit 1 when this is found (on any rank).")
 @stall_passes_option()
 @jobs_option
 @click.option("--closed-loop", is_flag=True, help="Also re-simulate each arm forward (closed loop).")
 @from_pass_option
-def replay(trace: Path, old: str, new: str, json_out: str | None, fail_on: str, stall_passes: int,
-           jobs: int, closed_loop: bool, from_pass: int) -> None:
-    """Replay TRACE through the real sglang scheduler under two logic variants."""
+def replay(traces: TraceSet, rank: str | None, run_id: str | None, old: str, new: str, json_out: str | None,
+           fail_on: str, stall_passes: int, jobs: int, closed_loop: bool, from_pass: int) -> None:
+    """Replay each rank of TRACE... (files, globs or directories; a rank's parts read as one)
+    through the real sglang scheduler under two logic variants."""
     from schedtrace.tracer.contract.report import dump_report
 
-    with Activity() as activity:
+    reports: dict[str, Report] = {}
+    with traces, Activity() as activity:
+        run, ranks = chosen_ranks(traces, rank, run_id)
         activity.import_sglang()
+        from schedtrace.replay.closed_loop import run_closed_loop
         from schedtrace.replay.engine import replay_trace
 
-        report = replay_trace(trace, old, new, stall_passes=stall_passes, jobs=jobs,
-                              on_progress=activity.passes(f"replaying {old} and {new}"))
-        if closed_loop:
-            from schedtrace.replay.closed_loop import run_closed_loop
-
-            arms = list(dict.fromkeys((old, new)))
-            activity.phase(f"closed loop: {', '.join(arms)}")  # no per-pass progress from closed_loop yet
-            report.closed_loop = run_closed_loop(trace, arms, from_pass=from_pass, stall_passes=stall_passes)
+        for r in ranks:
+            which = f" ({r.label})" if len(ranks) > 1 else ""
+            report = replay_trace(r, old, new, stall_passes=stall_passes, jobs=jobs,
+                                  on_progress=activity.passes(f"replaying {old} and {new}{which}"))
+            if closed_loop:
+                arms = list(dict.fromkeys((old, new)))
+                activity.phase(f"closed loop: {', '.join(arms)}{which}")  # no per-pass progress from closed_loop yet
+                report.closed_loop = run_closed_loop(r, arms, from_pass=from_pass, stall_passes=stall_passes)
+            reports[r.label] = report
     if json_out is not None:
-        write_json(json_out, dump_report(report))
+        write_json(json_out, dump_report(*reports.values()) if len(reports) == 1 else ranks_json(run, reports))
     if json_out != STDOUT:
-        render(report, summary_console())
-    if gate_tripped(report, fail_on):
-        click.echo(f"schedtrace: --fail-on {fail_on}: tripped", err=True)
+        console = summary_console()
+        for label, report in reports.items():
+            if len(reports) > 1:
+                console.rule(f"rank {label}")
+            render(report, console)
+    tripped = [label for label, report in reports.items() if gate_tripped(report, fail_on)]
+    if tripped:
+        where = f" on {', '.join(tripped)}" if len(reports) > 1 else ""
+        click.echo(f"schedtrace: --fail-on {fail_on}: tripped{where}", err=True)
         raise click.exceptions.Exit(1)

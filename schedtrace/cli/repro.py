@@ -38,8 +38,8 @@ def default_output(trace: Path, what: str) -> Path:
 
 
 def render_verdict(verdict: Verdict, console: Console) -> None:
-    table = compact_table(("variant", "test", "replay predicts"),
-                          title="verified in pytest processes (SCHEDTRACE_FIXES=variant)")
+    console.print("verified: SCHEDTRACE_FIXES=VARIANT python -m pytest, one process per variant")
+    table = compact_table(("variant", "test", "replay predicts"))
     for run in verdict.runs:
         mark = "  [bold]← its fix[/]" if run.variant == verdict.own else ""
         table.add_row(run.variant, run.outcome + mark, verdict.predicted[run.variant])
@@ -56,7 +56,7 @@ def _write(text: str, target: Path) -> None:
 
 def _repro_pass(trace: Path, pass_n: int, kind: str | None, fix: str | None, output: Path, jobs: int,
                 console: Console) -> None:
-    from schedtrace.replay.repro.emit import test_name
+    from schedtrace.replay.repro.emit import function_name
     from schedtrace.replay.repro.pipeline import build, predict, verify
 
     with Activity() as activity:
@@ -67,7 +67,8 @@ def _repro_pass(trace: Path, pass_n: int, kind: str | None, fix: str | None, out
         d = case.divergent
         where = f"aiter event after pass {d.pass_}" if d.is_aiter else f"pass {d.pass_}"
         console.print(f"{trace} {where}: {', '.join(d.kinds)}; fixed by {d.fixes}")
-        console.print(f"  shrunk: {case.shrunk}  → {test_name(case)}")
+        console.print(f"  shrunk: {case.shrunk}")
+        console.print(f"  test: {function_name(case)}")
     console.print(f"  {plural(repro.calls, 'real-code call')} to find and shrink")
     with tempfile.TemporaryDirectory(prefix="schedtrace-repro-") as tmp:
         module = Path(tmp) / output.name

@@ -1,7 +1,12 @@
-"""What one trace file holds, and what looks wrong: the data behind ``schedtrace info``.
+"""What one rank's trace holds, and what looks wrong: the data behind ``schedtrace info``.
 
-``summarize`` is pure over a ``TraceReader`` and returns plain JSON-ready
-data (``schedtrace info --json``); the CLI only renders it.
+``summarize`` is pure over a ``TraceReader`` (one file) or a ``RankTrace``
+(a rank's parts read as one) and returns plain JSON-ready data
+(``schedtrace info --json``); the CLI only renders it.
+
+Pools: on a hybrid model, each pool's size, its last and lowest free +
+evictable count, and in how many passes it was the limiting pool
+(``schedtrace.tracer.analysis.pools`` defines it).
 
 Anomalies:
 
@@ -19,16 +24,20 @@ from collections import Counter
 from typing import Any, Final
 
 from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.analysis.pools import UNITS, PoolCounts, limiting_pool, pool_counts
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Stall
-from schedtrace.tracer.contract.schema import Alloc, HookError, Idle, Loss, Pass
+from schedtrace.tracer.contract.schema import Alloc, HookError, Idle, Loss, Pass, PoolLayout
+from schedtrace.tracer.contract.traceset import RankTrace
+
+Reader = TraceReader | RankTrace
 
 MAX_LISTED: Final = 20  # anomalies listed per kind (all are counted)
 
 
-def stall_row(reader: TraceReader, stall: Stall) -> dict[str, Any]:
+def stall_row(reader: Reader, stall: Stall) -> dict[str, Any]:
     """One stall with the time and free KV at its onset."""
     onset = reader.pass_at(stall.start_pass - reader.header.first_pass)
     return {
@@ -37,7 +46,7 @@ def stall_row(reader: TraceReader, stall: Stall) -> dict[str, Any]:
     }
 
 
-def header_facts(reader: TraceReader) -> dict[str, Any]:
+def header_facts(reader: Reader) -> dict[str, Any]:
     header = reader.header
     args = header.server_args
     return {
@@ -54,7 +63,51 @@ def header_facts(reader: TraceReader) -> dict[str, Any]:
         "is_hybrid_swa": header.is_hybrid_swa,
         "is_hybrid_mamba": header.is_hybrid_mamba,
         "server_args": {f: getattr(args, f) for f in args.__struct_fields__},
+        "pools": None if header.pools is None else _fields(header.pools),
     }
+
+
+def _fields(layout: PoolLayout) -> dict[str, Any]:
+    return {f: getattr(layout, f) for f in layout.__struct_fields__}
+
+
+def part_paths(reader: Reader) -> list[str]:
+    """The files the trace was read from, in order."""
+    if isinstance(reader, RankTrace):
+        return [str(p.path) for p in reader.parts]
+    return [str(reader.path)]
+
+
+class _PoolTally:
+    """Per pool: the last counts, the lowest free + evictable and where, and the passes it limited."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, PoolCounts] = {}
+        self.lowest: dict[str, tuple[int, int]] = {}  # pool -> (free + evictable, pass seq)
+        self.limiting: Counter[str] = Counter()  # pool -> passes (repeats counted)
+        self.pools_seen = 1
+
+    def feed(self, record: Pass, layout: PoolLayout | None) -> None:
+        pools = pool_counts(record.kv, layout)
+        self.pools_seen = max(self.pools_seen, len(pools))
+        for p in pools:
+            self.last[p.pool] = p
+            room = p.free + p.evictable
+            if p.pool not in self.lowest or room < self.lowest[p.pool][0]:
+                self.lowest[p.pool] = (room, record.seq)
+        limit = limiting_pool(pools)
+        if limit is not None:
+            self.limiting[limit] += record.repeat
+
+    def rows(self) -> list[dict[str, Any]] | None:
+        """One row per pool, or None for a plain model (one pool: nothing to compare)."""
+        if self.pools_seen < 2:
+            return None
+        return [{
+            "pool": name, "unit": UNITS[name], "size": p.size, "free": p.free, "evictable": p.evictable,
+            "protected": p.protected, "lowest_free_evictable": self.lowest[name][0],
+            "lowest_at_pass": self.lowest[name][1], "limiting_passes": self.limiting.get(name, 0),
+        } for name, p in self.last.items()]
 
 
 class _Anomalies:
@@ -77,13 +130,15 @@ class _Anomalies:
             self.failed_allocs.append(row)
 
 
-def summarize(reader: TraceReader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[str, Any]:
+def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[str, Any]:
     """Header, counts, idle passes, losses, truncation and anomalies of one trace."""
     tags: Counter[str] = Counter()
     passes = folded = idle = lost = 0
     last_t = 0
     anomalies = _Anomalies()
     scanner = StallScanner(stall_passes, reader.header)
+    pools = _PoolTally()
+    layout = reader.header.pools
 
     for offset, record in reader.records():
         tags[record.__struct_config__.tag] += 1
@@ -95,6 +150,7 @@ def summarize(reader: TraceReader, stall_passes: int = DEFAULT_STALL_PASSES) -> 
             if record.error is not None:
                 anomalies.exception({"kind": "pass", "seq": record.seq, "offset": offset, "message": record.error})
             scanner.feed_pass(record, recorded_decision(record))
+            pools.feed(record, layout)
         elif kind is Idle:
             idle += record.count
         elif kind is Loss:
@@ -112,6 +168,7 @@ def summarize(reader: TraceReader, stall_passes: int = DEFAULT_STALL_PASSES) -> 
     tags.pop("header", None)
     return {
         "file": reader.path,
+        "parts": part_paths(reader),
         "header": header_facts(reader),
         "closed_cleanly": reader.closed_cleanly,
         "truncated_at": reader.truncated_at,
@@ -125,6 +182,7 @@ def summarize(reader: TraceReader, stall_passes: int = DEFAULT_STALL_PASSES) -> 
         "duration_ns": last_t,
         "lost": lost,
         "unknown_records": dict(sorted(reader.unknown_records.items())),
+        "pools": pools.rows(),
         "anomalies": {
             "failed_allocs": anomalies.failed_alloc_count,
             "failed_alloc_list": anomalies.failed_allocs,

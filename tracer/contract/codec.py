@@ -21,6 +21,9 @@ _encoder = msgspec.msgpack.Encoder()
 DECODERS: Final = {tag: msgspec.msgpack.Decoder(cls) for tag, cls in RECORD_TYPES.items()}
 # The records that may stand anywhere in the data (the header is first, the footer last).
 DATA_DECODERS: Final = {tag: decoder for tag, decoder in DECODERS.items() if tag not in ("header", "footer")}
+DELTA_TAG: Final = "delta"  # schema v2 only: a pass written as what changed (delta.py)
+V1_DATA_DECODERS: Final = {tag: decoder for tag, decoder in DATA_DECODERS.items() if tag != DELTA_TAG}
+PASS_TAGS: Final = frozenset(("pass", DELTA_TAG))  # the records the pass index points at
 
 
 def encode(record: Record) -> bytes:

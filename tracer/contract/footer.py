@@ -5,7 +5,8 @@ framed trace the footer has its own batch marker. Nothing in them is taken
 on trust: the footer must end exactly where the tail begins (so a file
 appended to, or concatenated with itself, is caught), its checksum must
 match (framed), and its pass index must be whole entries, strictly
-increasing, inside the data, and as long as the footer's pass count.
+increasing, inside the data, and as long as the footer's pass count; a v2
+footer's keyframe index must pass ``keyframes.keyframe_problem``.
 Anything else is a ``TraceFormatError`` naming the tail or footer offset.
 """
 
@@ -23,6 +24,7 @@ from schedtrace.tracer.contract.codec import DECODERS, offsets_from_bytes, peek_
 from schedtrace.tracer.contract.errors import TraceFormatError
 from schedtrace.tracer.contract.frames import BadBytes, frame_end
 from schedtrace.tracer.contract.framing import MARKER_SIZE, Marker, marker_checks, read_marker
+from schedtrace.tracer.contract.keyframes import keyframe_problem
 from schedtrace.tracer.contract.schema import TAIL_PREFIX, TAIL_SIZE, Footer
 
 
@@ -33,10 +35,11 @@ class FooterInfo:
     data_end: int  # just past the last data record (the footer's marker in a framed file)
     pass_offsets: array
     records_before: int | None  # framed: records before the footer, from its marker
+    keyframes: array | None  # v2: the numbers of the passes written whole (None: v1, every pass is)
 
 
 def read_footer(data: mmap.mmap, view: memoryview, path: str, size: int, data_start: int, *,
-                seed: int | None, max_record_bytes: int) -> FooterInfo | None:
+                seed: int | None, max_record_bytes: int, deltas: bool) -> FooterInfo | None:
     """The checked footer, or None when the file does not end in a tail (it was not closed)."""
     tail_at = size - TAIL_SIZE
     if tail_at < data_start or bytes(data[tail_at : tail_at + len(TAIL_PREFIX)]) != TAIL_PREFIX:
@@ -68,15 +71,24 @@ def read_footer(data: mmap.mmap, view: memoryview, path: str, size: int, data_st
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, offset, f"bad 'footer' record: {exc}") from None
     offsets = _pass_index(path, offset, footer, data_start, data_end)
+    keyframes = None
+    if deltas:
+        keyframes = _whole_entries(path, offset, footer.keyframes, "keyframe")
+        problem = keyframe_problem(keyframes, len(offsets))
+        if problem is not None:
+            raise TraceFormatError(path, offset, f"footer keyframe index: {problem}")
     return FooterInfo(footer=footer, offset=offset, data_end=data_end, pass_offsets=offsets,
-                      records_before=records_before)
+                      records_before=records_before, keyframes=keyframes)
+
+
+def _whole_entries(path: str, offset: int, raw: bytes, what: str) -> array:
+    if len(raw) % 8:
+        raise TraceFormatError(path, offset, f"footer {what} index is {len(raw)} bytes, not whole 8-byte entries")
+    return offsets_from_bytes(raw)
 
 
 def _pass_index(path: str, offset: int, footer: Footer, data_start: int, data_end: int) -> array:
-    raw = footer.pass_offsets
-    if len(raw) % 8:
-        raise TraceFormatError(path, offset, f"footer pass index is {len(raw)} bytes, not whole 8-byte entries")
-    offsets = offsets_from_bytes(raw)
+    offsets = _whole_entries(path, offset, footer.pass_offsets, "pass")
     counted = footer.counts.get("pass")
     if counted is not None and counted != len(offsets):
         raise TraceFormatError(path, offset, f"footer counts {counted} pass records but indexes {len(offsets)}")

@@ -111,7 +111,10 @@ class Gap(msgspec.Struct, frozen=True, kw_only=True):
     lost: int | None  # records that were in it (None: unknown, a v1 trace or no later marker)
     reason: str  # what was wrong where reading stopped
     first_bad: int | None = None  # the first record inside it that does not parse or decode, if found
+    # v2: passes after it, up to the next keyframe, that are lost with it (their deltas need a pass in it).
+    orphans: int = 0
 
     def describe(self) -> str:
         lost = "records lost: unknown" if self.lost is None else f"{self.lost:,} records lost"
-        return f"{self.end - self.start:,} bytes unreadable at offset {self.start}–{self.end}, {lost}"
+        after = f", and the {self.orphans:,} delta passes after it up to the next keyframe" if self.orphans else ""
+        return f"{self.end - self.start:,} bytes unreadable at offset {self.start}–{self.end}, {lost}{after}"

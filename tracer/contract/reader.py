@@ -10,9 +10,15 @@ Damaged regions become ``gaps``. By default reading stops at the first one
 with a ``TraceDamagedError`` (records before it are returned), and a footer
 or tail that fails its checks refuses the file; ``skip_damaged=True`` reads
 on past every gap, reads a file whose footer fails as one that was not
-closed, and ``gaps`` lists what was lost. ``closed_cleanly`` is true only for a file with a checked footer and
-no gap. Pass numbers are checked against ``Pass.seq``: ``pass_at(n)``
-returns the pass whose seq is ``header.first_pass + n``, or raises.
+closed, and ``gaps`` lists what was lost. ``closed_cleanly`` is true only
+for a file with a checked footer and no gap. Pass numbers are checked
+against ``Pass.seq``: ``pass_at(n)`` returns the pass whose seq is
+``header.first_pass + n``, or raises.
+
+A v2 trace's delta passes are rebuilt here (pass_chain.py): ``records()``,
+``record_at``, ``pass_at`` and ``passes()`` return whole ``Pass`` records,
+as for v1. Passes that share no change share their row objects: treat
+returned records as read-only.
 """
 
 from __future__ import annotations
@@ -28,25 +34,16 @@ from typing import Final
 
 import msgspec
 
-from schedtrace.tracer.contract.codec import DATA_DECODERS, DECODERS, MAX_RECORD_BYTES, peek_tag
+from schedtrace.tracer.contract.codec import (DATA_DECODERS, DECODERS, DELTA_TAG, MAX_RECORD_BYTES, V1_DATA_DECODERS,
+                                             peek_tag)
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError, TraceNotFoundError, TraceVersionError
 from schedtrace.tracer.contract.footer import read_footer
 from schedtrace.tracer.contract.frames import BadBytes, frame_end, frames
-from schedtrace.tracer.contract.framing import (
-    FIRST_BATCH_WINDOW,
-    MARKER_PREFIX,
-    MARKER_SIZE,
-    MARKER_TAG,
-    TORN,
-    Gap,
-    Marker,
-    header_seed,
-    marker_checks,
-    read_marker,
-)
-from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TAG, Footer, Header, Pass, Record
-from schedtrace.tracer.contract.pass_index import number_passes
-from schedtrace.tracer.contract.verify import PEEK_BYTES, Integrity, check_framed, check_plain, note_pass, walk_plain
+from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, Gap
+from schedtrace.tracer.contract.opening import read_framing, read_header
+from schedtrace.tracer.contract.pass_chain import PassChain
+from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TAG, Footer, Pass, PassDelta, Record
+from schedtrace.tracer.contract.verify import Integrity, check_framed, check_plain, walk_plain
 
 RELEASE_AFTER_CHECK_BYTES: Final = 64 << 20  # a check of a file this big drops the pages it touched
 FINGERPRINT_TAIL_BYTES: Final = 4096
@@ -77,8 +74,6 @@ class TraceReader:
         self._view = memoryview(self._mm)
         self.unknown_records: Counter[str] = Counter()
         self.footer: Footer | None = None
-        self._pass_offsets: array | None = None
-        self._first_pass_checked = False
         self._found: Integrity | None = None
         try:
             self._open()
@@ -87,12 +82,19 @@ class TraceReader:
             raise
 
     def _open(self) -> None:
-        self.header, self._header_end = self._read_header()
-        self._torn_at_header = False
-        self._seed = self._read_first_marker()
+        self.header, self._header_end = read_header(self._mm, self.path, self.file_size, self.max_record_bytes)
+        self._seed, self._torn_at_header = read_framing(self._mm, self._view, self.path, self._header_end,
+                                                        self.file_size)
         if self.header.schema_version > SCHEMA_VERSION:
             raise TraceVersionError(
                 self.path, f"schema version {self.header.schema_version} is newer than this reader ({SCHEMA_VERSION})")
+        deltas = self.header.schema_version >= 2
+        if deltas and not self.framed:
+            if self._header_end < self.file_size:
+                raise TraceFormatError(self.path, self._header_end, "a v2 trace without batch markers (its deltas "
+                                       "need the checksums)")
+            self._seed, self._torn_at_header = 0, True  # cut just after its header: no data yet
+        self._decoders = DATA_DECODERS if deltas else V1_DATA_DECODERS
         self._data_start = self._header_end + (MARKER_SIZE if self.framed and not self._torn_at_header else 0)
         self._data_end = self.file_size
         self._footer_records: int | None = None
@@ -100,7 +102,7 @@ class TraceReader:
         try:
             info = None if self._torn_at_header else read_footer(
                 self._mm, self._view, self.path, self.file_size, self._data_start, seed=self._seed,
-                max_record_bytes=self.max_record_bytes)
+                max_record_bytes=self.max_record_bytes, deltas=deltas)
         except TraceFormatError as exc:
             if not self.skip_damaged:
                 raise
@@ -108,10 +110,11 @@ class TraceReader:
             info = None
             self._footer_gap = Gap(start=self.file_size - TAIL_SIZE, end=self.file_size, lost=0,
                                    reason=f"footer not used: {str(exc).removeprefix(self.path + ': ')}")
+        self._chain = PassChain(self, None, None)
         if info is not None:
             self.footer, self._footer_offset = info.footer, info.offset
             self._data_end, self._footer_records = info.data_end, info.records_before
-            self._pass_offsets = info.pass_offsets
+            self._chain = PassChain(self, info.pass_offsets, info.keyframes)
 
     # --- lifecycle ---
 
@@ -139,11 +142,12 @@ class TraceReader:
 
     def verify(self) -> list[Gap]:
         """Check the whole data region now (once); the unreadable regions, in file order."""
-        return self._integrity().gaps
+        return self.gaps
 
     @property
     def gaps(self) -> list[Gap]:
-        return self._integrity().gaps
+        """The unreadable regions, in file order (v2: with the passes each leaves unrebuildable)."""
+        return self._chain.with_orphans(self._integrity().gaps)
 
     @property
     def closed_cleanly(self) -> bool:
@@ -183,6 +187,10 @@ class TraceReader:
         """Every known record in file order with its offset, header first (footer and markers excluded)."""
         if start <= 0:
             yield 0, self._decode(0, self._mm[: self._header_end])
+        yield from self._chain.resolve(self._raw_records(start))
+
+    def _raw_records(self, start: int) -> Iterator[tuple[int, Record]]:
+        """The data records from ``start`` on as they are stored (v2: deltas not rebuilt)."""
         if not self.framed and self._found is None:
             yield from self._walk_plain(start)  # a v1 file not yet checked is checked by this very walk
             return
@@ -196,7 +204,13 @@ class TraceReader:
                 self._frame_failed(bad, region_end)
 
     def record_at(self, offset: int) -> Record | None:
-        """The record starting at ``offset`` (None for an unknown tag)."""
+        """The record starting at ``offset`` (None for an unknown tag); a delta pass is rebuilt."""
+        record = self._raw_record_at(offset)
+        if type(record) is PassDelta:
+            return self._chain.pass_at(self._chain.number_of(offset))
+        return record
+
+    def _raw_record_at(self, offset: int) -> Record | None:
         found = self._integrity()
         if offset == 0:
             return self._decode(0, self._mm[: self._header_end])
@@ -217,30 +231,15 @@ class TraceReader:
     @property
     def pass_offsets(self) -> array:
         """Byte offset of pass ``n`` at index ``n`` (a lost pass: the start of the gap that holds it)."""
-        if self._pass_offsets is None:
-            self._pass_offsets = self._scan_pass_offsets()
-            self._first_pass_checked = True
-        elif not self._first_pass_checked:
-            self._check_first_pass()
-        return self._pass_offsets
+        return self._chain.offsets
 
     @property
     def pass_count(self) -> int:
-        return len(self.pass_offsets)
+        return len(self._chain.offsets)
 
     def pass_at(self, n: int) -> Pass:
         """The pass with seq ``header.first_pass + n``; ``TraceDamagedError`` if it was lost."""
-        offsets = self.pass_offsets
-        if not 0 <= n < len(offsets):
-            raise IndexError(f"pass {n} out of range (trace has {len(offsets)})")
-        offset = offsets[n]
-        record = self.record_at(offset)
-        if not isinstance(record, Pass):
-            raise TraceFormatError(self.path, offset, f"index entry {n} does not point at a pass record")
-        if record.seq != self.header.first_pass + n:
-            raise TraceFormatError(self.path, offset, f"index entry {n} points at pass {record.seq}, "
-                                   f"expected {self.header.first_pass + n}")
-        return record
+        return self._chain.pass_at(n)
 
     def passes(self, start: int = 0, stop: int | None = None) -> Iterator[Pass]:
         """Passes ``start``..``stop`` by number; with ``skip_damaged`` the lost ones are left out."""
@@ -263,54 +262,6 @@ class TraceReader:
         if length > 0 and self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._mm.madvise(mmap.MADV_DONTNEED, 0, length)
 
-    # --- opening ---
-
-    def _read_header(self) -> tuple[Header, int]:
-        try:
-            _, end = next(frames(self._mm, 0, self.file_size, self.max_record_bytes))
-        except BadBytes as bad:
-            raise TraceFormatError(self.path, 0, "truncated header record" if bad.torn else bad.reason) from None
-        data = self._mm[:end]
-        if peek_tag(data[:PEEK_BYTES]) != "header":
-            raise TraceFormatError(self.path, 0, "expected a header record first; not a schedtrace file?")
-        try:
-            return DECODERS["header"].decode(data), end
-        except msgspec.DecodeError as exc:
-            raise TraceFormatError(self.path, 0, f"bad 'header' record: {exc}") from None
-
-    def _read_first_marker(self) -> int | None:
-        """The file's checksum seed if it is framed (checking the header), None for a v1 trace."""
-        marker = read_marker(self._mm, self._header_end, self.file_size)
-        if marker == TORN:
-            self._torn_at_header = True  # the file ends inside the header's marker: no data yet
-            return 0
-        if isinstance(marker, Marker):
-            with self._view[: self._header_end] as header_bytes:
-                seed = header_seed(header_bytes)
-            if (marker.records_before, marker.n_records, marker.n_bytes) == (0, 1, 0) and \
-                    marker_checks(self._view, marker, seed):
-                return marker.checksum
-            raise TraceFormatError(self.path, 0, "header fails its checksum (the batch marker after it does not match)")
-        if self._batches_follow():
-            raise TraceFormatError(self.path, self._header_end,
-                                   "batch markers follow the header, but not the one that checks it")
-        return None
-
-    def _batches_follow(self) -> bool:
-        """Whether a marker soon after the header leads to another (the file is framed, its first marker gone)."""
-        window_end = min(self.file_size, self._header_end + FIRST_BATCH_WINDOW)
-        at = self._mm.find(MARKER_PREFIX, self._header_end, window_end)
-        for _ in range(16):  # a few candidates: a lone marker-like run of bytes proves nothing
-            if at < 0:
-                return False
-            marker = read_marker(self._mm, at, self.file_size)
-            if isinstance(marker, Marker) and 0 < marker.n_records <= marker.n_bytes:
-                following = read_marker(self._mm, marker.end, self.file_size)
-                if isinstance(following, Marker) or marker.end == self.file_size:
-                    return True
-            at = self._mm.find(MARKER_PREFIX, at + 1, window_end)
-        return False
-
     # --- checking ---
 
     def _integrity(self) -> Integrity:
@@ -325,7 +276,7 @@ class TraceReader:
             else:
                 found = check_plain(self._mm, self._data_start, self._data_end, closed=closed,
                                     max_record_bytes=self.max_record_bytes,
-                                    resync=self._pass_offsets if closed else None)
+                                    resync=self._chain.footer_offsets if closed else None)
             self._found = self._finish(found)
         return self._found
 
@@ -341,9 +292,9 @@ class TraceReader:
         """v1: the records from ``start`` on, damage handled as found; from the start, it is the check."""
         closed = self.footer is not None
         found = Integrity(data_end=self._data_end)
+        resync = self._chain.footer_offsets if closed else None
         for item in walk_plain(self._mm, max(start, self._data_start), self._data_end, found, closed=closed,
-                               max_record_bytes=self.max_record_bytes, resync=self._pass_offsets if closed else None,
-                               index_passes=not closed):
+                               max_record_bytes=self.max_record_bytes, resync=resync, index_passes=not closed):
             if type(item) is Gap:
                 if not self.skip_damaged:
                     raise TraceDamagedError(self.path, item)
@@ -397,7 +348,7 @@ class TraceReader:
         """The record in ``data`` (read at ``offset``); None for a marker, the tail or an unknown tag."""
         if tag is None:
             tag = peek_tag(data)
-        decoder = DATA_DECODERS.get(tag)
+        decoder = self._decoders.get(tag)
         if decoder is None:
             if tag is None:
                 raise TraceFormatError(self.path, offset, "expected a tagged record array")
@@ -405,6 +356,8 @@ class TraceReader:
                 return None  # framing, not a record (a bad marker is a gap already)
             if (tag == "header") != (offset == 0) or tag == "footer":
                 raise TraceFormatError(self.path, offset, f"a {tag} record inside the data")
+            if tag == DELTA_TAG:
+                raise TraceFormatError(self.path, offset, "a delta pass record in a v1 trace")
             decoder = DECODERS.get(tag)
             if decoder is None:
                 self.unknown_records[tag] += 1
@@ -413,36 +366,3 @@ class TraceReader:
             return decoder.decode(data)
         except msgspec.DecodeError as exc:
             raise TraceFormatError(self.path, offset, f"bad {tag!r} record: {exc}") from None
-
-    # --- the pass index ---
-
-    def _scan_pass_offsets(self) -> array:
-        """Index an unclosed file: one walk of the readable data, seqs checked as it goes."""
-        found = self._integrity()
-        offsets, seqs = array("Q"), array("q")
-        if self.framed:
-            for offset, frame_stop in self._readable_frames(0):
-                head = self._mm[offset : min(frame_stop, offset + PEEK_BYTES)]
-                if peek_tag(head) == "pass":
-                    note_pass(offset, head, offsets, seqs)
-        else:
-            for _ in self._regions(0):  # raises at a gap unless skip_damaged
-                pass
-            offsets, seqs = found.pass_offsets, found.pass_seqs
-        return number_passes(self.path, self.header.first_pass, self._data_start, offsets, seqs, found.gaps)
-
-    def _check_first_pass(self) -> None:
-        """The footer's index against the passes: the first readable one must have the header's first_pass."""
-        self._first_pass_checked = True
-        offsets = self._pass_offsets
-        for n, offset in enumerate(offsets):
-            if self._gap_holding(offset) is not None:
-                continue
-            record = self.record_at(offset)
-            first = self.header.first_pass
-            if not isinstance(record, Pass):
-                raise TraceFormatError(self.path, offset, f"footer index entry {n} does not point at a pass record")
-            if record.seq != first + n:
-                raise TraceFormatError(self.path, 0, f"header first_pass is {first} but pass record {n} "
-                                       f"(offset {offset}) has seq {record.seq}")
-            return

@@ -101,10 +101,35 @@ class ArmOutcome(msgspec.Struct, kw_only=True):
     stuck_at: int | None = None  # pass after which the state could never change again
 
 
+class SelfCheck(msgspec.Struct, kw_only=True):
+    """The stock arm's closed loop against the recording (docs/closed-loop.md, "Self-check").
+
+    Waits are in scheduler passes on both sides (the recorded pass clock);
+    quantiles are nearest-rank.
+    """
+
+    arm: str  # the arm compared with the recording (stock)
+    requests: int  # admitted in both: the waits compared
+    wait_error_p50: float  # median over them of |loop - recorded| / max(recorded, 1)
+    wait_error_p90: float
+    recorded_wait_p50: int  # first-admission wait in passes, over the same requests
+    loop_wait_p50: int
+    recorded_wait_p90: int
+    loop_wait_p90: int
+    recorded_queue_peak: int  # longest waiting queue at a pass entry, from the start pass on
+    loop_queue_peak: int
+    finished: int  # requests finished in both: the completion order compared
+    order_agreement: float  # of their pairs in a strict order on both sides, the fraction in the same order
+    kendall_tau: float  # tau-b of the two completion orders (ties counted)
+    recorded_only: int = 0  # admitted in the recording, never in the loop
+    loop_only: int = 0  # admitted in the loop, never in the recording
+
+
 class ClosedLoop(msgspec.Struct, kw_only=True):
     from_pass: int
     passes: int
     arms: dict[str, ArmOutcome]
+    self_check: SelfCheck | None = None  # with a stock arm: how closely it reproduces the recording
 
 
 class Report(msgspec.Struct, kw_only=True):
@@ -132,11 +157,58 @@ class Report(msgspec.Struct, kw_only=True):
     trace_fingerprint: str = ""
 
 
+SWEEP_VERSION: Final = 1
+
+
+class SweepArm(msgspec.Struct, kw_only=True):
+    """One arm's closed loop in one sweep cell (docs/sweep.md); waits in passes, nearest-rank."""
+
+    stalls: int
+    stalled_passes: int
+    queue_peak: int
+    wait_p50: int  # first-admission wait, over the requests admitted
+    wait_p90: int
+    over_asks: int
+    exceptions: int  # passes where the real code raised (the one-chunk assert, ...)
+    retractions: int
+    completed: int
+    unfinished: int
+    passes: int  # steps until the arm was done (or stopped)
+    stuck_at: int | None = None
+
+
+class SweepCell(msgspec.Struct, kw_only=True):
+    config: dict[str, int | str]  # the swept keys' values in this cell
+    arms: dict[str, SweepArm]
+
+
+class SweepReport(msgspec.Struct, kw_only=True):
+    """``schedtrace sweep --json``: the closed loop of every arm in every cell of a grid."""
+
+    version: int = SWEEP_VERSION
+    trace: str
+    sglang_version: str
+    from_pass: int
+    stall_passes: int
+    arms: list[str]
+    grid: dict[str, list[int | str]]  # key -> values swept (the table's order: ``keys``)
+    keys: list[str]  # the swept keys in the order given
+    recorded: dict[str, int | str]  # what the trace's server ran with, for the same keys
+    cells: list[SweepCell]  # every combination, the first key varying slowest
+    self_check: SelfCheck | None = None  # stock under the recorded config against the recording
+    notes: list[str] = []  # what a what-if can and cannot tell
+
+
 _json_encoder = msgspec.json.Encoder(order="sorted")
 _json_decoder = msgspec.json.Decoder(Report)
 
 
 def dump_report(report: Report) -> bytes:
+    """Deterministic JSON bytes (sorted keys, trailing newline)."""
+    return msgspec.json.format(_json_encoder.encode(report), indent=2) + b"\n"
+
+
+def dump_sweep(report: SweepReport) -> bytes:
     """Deterministic JSON bytes (sorted keys, trailing newline)."""
     return msgspec.json.format(_json_encoder.encode(report), indent=2) + b"\n"
 

@@ -1,4 +1,4 @@
-"""Trace schema v1: the one contract between tracer/, replay/ and tui/.
+"""Trace schema: the one contract between tracer/, replay/ and tui/.
 
 Every record is a msgspec Struct encoded as a msgpack *array* whose first
 element is the record's tag (``["pass", 17, ...]``), so a stock
@@ -16,7 +16,10 @@ from typing import Final, Union
 
 import msgspec
 
-SCHEMA_VERSION: Final = 1
+# The newest schema this code reads and writes. 1: every pass record is a full
+# ``Pass``. 2: between keyframes a pass is a ``PassDelta`` (delta.py), which a
+# v1 reader must refuse rather than skip; everything else is as in 1.
+SCHEMA_VERSION: Final = 2
 
 
 class _Record(msgspec.Struct, array_like=True, tag_field="type", omit_defaults=False):
@@ -302,10 +305,48 @@ class Footer(_Record, tag="footer"):
     t_ns: int
     counts: dict[str, int]  # records written, by tag, plus "idle_passes", "lost"
     pass_offsets: bytes
+    # v2: little-endian uint64 numbers (indexes into pass_offsets) of the keyframes, ascending.
+    keyframes: bytes = b""
+
+
+# --- v2: a pass as what changed since the previous pass record ------------------
+
+
+class PassDelta(_Record, tag="delta"):
+    """A pass between keyframes (schema v2), rebuilt against the pass record before it (delta.py).
+
+    A list of rows is written as runs over the previous pass's list: pairs
+    ``(start, count)``, where ``start`` >= 0 copies ``count`` rows from there
+    and ``start`` == -1 takes the next ``count`` rows of the ``*_new`` list.
+    The other fields are the pass's own, as in ``Pass``.
+    """
+
+    seq: int
+    dt_ns: int  # t_ns minus the previous pass's t_ns
+    dur_ns: int
+    repeat: int
+    idle_before: int
+    waiting_runs: list[int]
+    waiting_new: list[WaitingReq]  # joined, or changed, since the previous pass
+    running_runs: list[int]
+    running_new: list[RunningReq]
+    running_step: int  # added to output_len of every running row the runs copy (the decode steps between)
+    chunked: ChunkedReq | int | None  # int: the previous pass's chunked request, now with this prefix_len
+    batch_is_full_in: bool
+    kv: KvSnapshot
+    req_slots_free: int
+    new_token_ratio: float
+    chunked_prefill_size: int | None
+    candidates: list[Candidate]
+    admitted: list[Admitted]
+    chunk: ChunkOutcome | None
+    new_chunked_rid: str | None
+    batch_is_full_out: bool
+    error: str | None = None
 
 
 Record = Union[
-    Header, Pass, Arrival, Finish, Abort, Retract, Alloc, Aiter, Clock, Idle, Loss, HookError, Footer
+    Header, Pass, Arrival, Finish, Abort, Retract, Alloc, Aiter, Clock, Idle, Loss, HookError, Footer, PassDelta
 ]
 RECORD_TYPES: Final[dict[str, type]] = {
     cls.__struct_config__.tag: cls for cls in Record.__args__  # type: ignore[attr-defined]

@@ -58,6 +58,7 @@ STALL_LEN = 40  # ... and lasts this many
 ALLOC_FAIL_EVERY = 3_331  # (fewer in short traces)
 ERROR_PASS_FRACTION = 0.61  # the raising pass sits at this fraction of the trace
 PASS_NS = 2_000_000
+BACKLOG = 40  # arrivals stop while this many requests wait
 
 
 def make_header(seed: int = 0) -> Header:
@@ -100,6 +101,7 @@ class _Sim:
     n_passes: int
     stall_every: int = STALL_EVERY
     alloc_fail_every: int = ALLOC_FAIL_EVERY
+    backlog: int = BACKLOG
     waiting: deque[_Req] = field(default_factory=deque)
     running: list[_Req] = field(default_factory=list)
     chunked: _Req | None = None
@@ -113,16 +115,19 @@ class _Sim:
     def arrivals(self, t_ns: int) -> list[Arrival]:
         out = []
         # Arrival rate a little above service rate, so queues build up and drain.
-        while self.rng.random() < 0.35 and len(self.waiting) < 40:
-            req = _Req(
-                rid=f"r{self.next_rid:07d}",
-                input_len=self.rng.randint(200, 5000),
-                max_new_tokens=self.rng.randint(20, 120),
-            )
-            self.next_rid += 1
-            self.waiting.append(req)
-            out.append(Arrival(t_ns=t_ns, rid=req.rid, input_len=req.input_len, max_new_tokens=req.max_new_tokens))
+        while self.rng.random() < 0.35 and len(self.waiting) < self.backlog:
+            out.append(self.arrive(t_ns))
         return out
+
+    def arrive(self, t_ns: int) -> Arrival:
+        req = _Req(
+            rid=f"r{self.next_rid:07d}",
+            input_len=self.rng.randint(200, 5000),
+            max_new_tokens=self.rng.randint(20, 120),
+        )
+        self.next_rid += 1
+        self.waiting.append(req)
+        return Arrival(t_ns=t_ns, rid=req.rid, input_len=req.input_len, max_new_tokens=req.max_new_tokens)
 
     def free(self) -> int:
         return KV_TOTAL - self.kv_used - self.evictable
@@ -262,16 +267,19 @@ def _merge_by_pass(divergences: list[Divergence]) -> list[Divergence]:
 
 
 def generate(path: str | Path, passes: int, *, seed: int = 7, report_path: str | Path | None = None,
-             cut_bytes: int | None = None) -> Report:
+             cut_bytes: int | None = None, backlog: int | None = None, version: int | None = None) -> Report:
     """Write ``passes`` passes to ``path``; return (and optionally write) the matching report.
 
     ``cut_bytes``: instead of closing cleanly, cut that many bytes off the
-    end, as a recorder killed mid-write leaves the file.
+    end, as a recorder killed mid-write leaves the file. ``backlog``: start
+    with this many requests waiting and keep the queue near it (default: it
+    starts empty and stays under ``BACKLOG``). ``version``: the format to write
+    (``TraceWriter``'s default: the newest).
     """
     sim = _Sim(rng=random.Random(seed), n_passes=passes, stall_every=max(120, min(STALL_EVERY, passes // 4)),
-               alloc_fail_every=max(61, min(ALLOC_FAIL_EVERY, passes // 6)))
-    writer = TraceWriter(path, make_header(seed))
-    batch: list = []
+               alloc_fail_every=max(61, min(ALLOC_FAIL_EVERY, passes // 6)), backlog=backlog or BACKLOG)
+    writer = TraceWriter(path, make_header(seed), version=version)
+    batch: list = [sim.arrive(0) for _ in range(backlog or 0)]
     t_ns = 0
     for seq in range(passes):
         t_ns += PASS_NS

@@ -24,7 +24,7 @@ from typing import Final
 
 import msgspec
 
-from schedtrace.tracer.contract.codec import DECODERS, peek_seq, peek_tag
+from schedtrace.tracer.contract.codec import DECODERS, PASS_TAGS, peek_seq, peek_tag
 from schedtrace.tracer.contract.framing import (
     MARKER_PREFIX,
     MARKER_TAG,
@@ -91,7 +91,7 @@ def walk_plain(data: mmap.mmap, start: int, limit: int, found: Integrity, *, clo
                 position = end
                 record = data[offset:end]
                 tag = peek_tag(record)
-                if tag == "pass":
+                if tag in PASS_TAGS:
                     if index_passes:
                         note_pass(offset, record, found.pass_offsets, found.pass_seqs)
                 elif tag == "footer" and not closed:

@@ -14,6 +14,12 @@ Durability policy:
   as closed; whatever else the disk kept, the checksums tell good batches
   from damaged ones.
 
+Format (docs/trace-format.md): v2 by default, where a pass between keyframes
+is written as a delta against the pass written before it (keyframes.py says
+when a pass goes whole); ``version=1`` writes every pass whole, as v1 readers
+expect. v2 needs the batch checksums (a delta of a damaged pass would spread
+the damage unseen), so an unframed file is always v1.
+
 Failure contract (disk full, I/O error): when the OS takes only part of a
 write, or refuses it, ``write_many`` cuts the file back to the end of the
 last whole batch that reached it and raises ``TraceWriteError`` (an
@@ -22,6 +28,8 @@ last whole batch that reached it and raises ``TraceWriteError`` (an
 exactly what is in the file, so a later ``close`` writes a footer that
 counts only that. The writer stays usable: the next call writes after the
 last whole batch. If even the cut fails, the next call retries it first.
+After a failure (or a ``Loss`` record) the next pass is a keyframe: the
+passes a delta would refer to may not be in the file.
 """
 
 from __future__ import annotations
@@ -34,10 +42,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
 from schedtrace.tracer.contract.codec import encode_into, offsets_to_bytes
 from schedtrace.tracer.contract.errors import TraceWriteError
 from schedtrace.tracer.contract.framing import MARKER_SIZE, SPLIT_BYTES, header_seed, marker_bytes
-from schedtrace.tracer.contract.schema import TAIL_PREFIX, Footer, Header, Pass, Record
+from schedtrace.tracer.contract.keyframes import KeyframePolicy, PassEncoder
+from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_PREFIX, Footer, Header, Loss, Pass, PassDelta, Record
 
 DEFAULT_FSYNC_EVERY_S: Final = 1.0
 _NO_SPLIT: Final = 1 << 62
@@ -60,24 +71,33 @@ class FileOps:
 class _Cut:
     """One sealed batch inside the buffer: what the file gains if the bytes up to ``end`` land."""
 
-    __slots__ = ("end", "records", "passes", "tags")
+    __slots__ = ("end", "records", "passes", "keyframes", "tags")
 
-    def __init__(self, end: int, records: int, passes: int, tags: dict[str, int]) -> None:
+    def __init__(self, end: int, records: int, passes: int, tags: dict[str, int], keyframes: int = 0) -> None:
         self.end, self.records, self.passes, self.tags = end, records, passes, tags
+        self.keyframes = keyframes  # of the call's keyframes, how many are in this cut or before it
 
 
 class TraceWriter:
     """Appends records to one trace file. Not thread-safe: the recorder calls it from one thread.
 
-    ``framed=False`` writes the v1 layout (no batch markers, no checksums),
-    for comparison and for tools that must produce v1 files.
+    ``version``: 2 (the default when framed) or 1 (every pass whole; the
+    header's ``schema_version`` is set to it). ``framed=False`` writes the
+    v1 layout (no batch markers, no checksums), for comparison and for tools
+    that must produce v1 files. ``keyframes``: how often v2 writes a pass whole.
     """
 
-    def __init__(self, path: str | os.PathLike, header: Header, *, framed: bool = True,
+    def __init__(self, path: str | os.PathLike, header: Header, *, framed: bool = True, version: int | None = None,
+                 keyframes: KeyframePolicy | None = None,
                  fsync_every_s: float | None = DEFAULT_FSYNC_EVERY_S, ops: FileOps | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        version = (SCHEMA_VERSION if framed else 1) if version is None else version
+        if version not in (1, SCHEMA_VERSION) or (version > 1 and not framed):
+            raise ValueError(f"cannot write a version {version} trace{'' if framed else ' unframed'}")
         self.path = Path(path)
         self.framed = framed
+        self.version = version
+        self._passes = PassEncoder(keyframes) if version > 1 else None
         self.fsync_every_s = fsync_every_s
         self.sync_errors = 0  # fsyncs that failed (the data may not be durable; the writer goes on)
         self.counts: Counter[str] = Counter()
@@ -88,6 +108,7 @@ class TraceWriter:
         self._records = 0
         self._cut_pending = False
         self._pass_offsets = array("Q")
+        self._keyframes = array("Q")  # v2: numbers of the passes written whole
         self._buffer = bytearray()
         self._synced_at = clock()
         self._seed = 0
@@ -107,7 +128,19 @@ class TraceWriter:
         """Pass records in the file: after a lost batch, the next pass's seq is ``first_pass`` + this."""
         return len(self._pass_offsets)
 
+    @property
+    def keyframes(self) -> array:
+        """v2: the numbers of the passes in the file that were written whole (the footer's keyframe index)."""
+        return self._keyframes
+
+    def keyframe_next(self) -> None:
+        """Write the next pass whole (v2): the caller knows passes before it are missing."""
+        if self._passes is not None:
+            self._passes.reset()
+
     def _write_header(self, header: Header) -> None:
+        if header.schema_version != self.version:
+            header = msgspec.structs.replace(header, schema_version=self.version)
         buffer = self._buffer
         encode_into(header, buffer)
         cut = _Cut(len(buffer), 1, 0, {"header": 1})
@@ -117,18 +150,30 @@ class TraceWriter:
             self._seed = int.from_bytes(marker[-8:], "big")  # the first marker's checksum seeds the rest
             buffer += marker
             cut.end = len(buffer)
-        self._put(buffer, [cut], array("Q"))
+        self._put(buffer, [cut], array("Q"), array("Q"))
 
     def write(self, record: Record) -> None:
         self.write_many((record,))
 
     def write_many(self, records: Iterable[Record]) -> None:
         """Write ``records`` as whole batches in one write; raises ``TraceWriteError`` (see module doc)."""
+        pass_offsets = array("Q")
+        keyframes = array("Q")  # indexes into this call's passes
+        try:
+            cuts = self._encode(records, pass_offsets, keyframes)
+        except BaseException:
+            self.keyframe_next()  # the passes a delta would be against never reached the file
+            raise
+        if cuts:
+            self._put(self._buffer, cuts, pass_offsets, keyframes)
+
+    def _encode(self, records: Iterable[Record], pass_offsets: array, keyframes: array) -> list[_Cut]:
+        """Encode ``records`` into the buffer as sealed batches, noting where passes and keyframes go."""
         buffer = self._buffer
         buffer.clear()
         base = self._size
         split = SPLIT_BYTES if self.framed else _NO_SPLIT
-        pass_offsets = array("Q")
+        passes = self._passes
         cuts: list[_Cut] = []
         start = 0
         tags: dict[str, int] = {}
@@ -136,39 +181,49 @@ class TraceWriter:
         if self.framed:
             buffer += _RESERVED
         for record in records:
-            if type(record) is Pass:
+            kind = type(record)
+            if kind is Pass:
                 pass_offsets.append(base + len(buffer))
-            encode_into(record, buffer)
+                if passes is None:
+                    encode_into(record, buffer)
+                elif passes.encode_into(record, buffer):
+                    keyframes.append(len(pass_offsets) - 1)
+            else:
+                if kind is Loss and passes is not None:
+                    passes.reset()
+                elif kind is PassDelta:
+                    raise TypeError("write the full Pass: the writer makes the deltas")
+                encode_into(record, buffer)
             tag = record.__struct_config__.tag
             tags[tag] = tags.get(tag, 0) + 1
             count += 1
             if len(buffer) - start >= split:
-                cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts))
+                cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts, len(keyframes)))
                 start, tags, count = len(buffer), {}, 0
                 buffer += _RESERVED
         if count:
-            cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts))
+            cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts, len(keyframes)))
         else:
             del buffer[start:]
-        if cuts:
-            self._put(buffer, cuts, pass_offsets)
+        return cuts
 
     def _seal(self, buffer: bytearray, start: int, count: int, passes: int, tags: dict[str, int],
-              cuts: list[_Cut]) -> _Cut:
+              cuts: list[_Cut], keyframes: int) -> _Cut:
         """Fill in the reserved marker of the batch that starts at ``start`` (framed only)."""
         if self.framed:
             before = self._records + sum(cut.records for cut in cuts)
             with memoryview(buffer) as view, view[start + MARKER_SIZE :] as payload:
                 marker = marker_bytes(before, count, payload, self._seed)
             buffer[start : start + MARKER_SIZE] = marker
-        return _Cut(len(buffer), count, passes, tags)
+        return _Cut(len(buffer), count, passes, tags, keyframes)
 
-    def _put(self, buffer: bytearray, cuts: list[_Cut], pass_offsets: array) -> None:
+    def _put(self, buffer: bytearray, cuts: list[_Cut], pass_offsets: array, keyframes: array) -> None:
         """Write ``buffer`` at the end of the file; keep the whole batches that land."""
         if self._cut_pending:
             try:
                 self._cut_back()
             except OSError as exc:
+                self.keyframe_next()
                 raise TraceWriteError(str(self.path), self._size, exc, 0, sum(cut.records for cut in cuts)) from None
         written, failure = self._write_at(buffer, self._size)
         kept = [cut for cut in cuts if cut.end <= written]
@@ -176,9 +231,12 @@ class TraceWriter:
             self.counts.update(cut.tags)
             self._records += cut.records
         if kept:
+            first = len(self._pass_offsets)
+            self._keyframes.extend(first + k for k in keyframes[: kept[-1].keyframes])
             self._pass_offsets.extend(pass_offsets[: kept[-1].passes])
             self._size += kept[-1].end
         if failure is not None:
+            self.keyframe_next()
             lost = sum(cut.records for cut in cuts) - sum(cut.records for cut in kept)
             offset = self._size
             self._cut_pending = written > (kept[-1].end if kept else 0)
@@ -228,10 +286,11 @@ class TraceWriter:
         counts = dict(self.counts)
         counts.update(extra_counts or {})
         footer_offset = self._size + (MARKER_SIZE if self.framed else 0)
-        self.write(Footer(t_ns=t_ns, counts=counts, pass_offsets=offsets_to_bytes(self._pass_offsets)))
+        self.write(Footer(t_ns=t_ns, counts=counts, pass_offsets=offsets_to_bytes(self._pass_offsets),
+                          keyframes=offsets_to_bytes(self._keyframes)))
         self._sync()
         tail = bytearray(TAIL_PREFIX + footer_offset.to_bytes(8, "big"))
-        self._put(tail, [_Cut(len(tail), 0, 0, {})], array("Q"))
+        self._put(tail, [_Cut(len(tail), 0, 0, {})], array("Q"), array("Q"))
         self._sync()
         self.abandon()
 
@@ -243,9 +302,9 @@ class TraceWriter:
 
 
 def write_trace(path: str | os.PathLike, header: Header, records: Iterable[Record], *, end_t_ns: int = 0,
-                framed: bool = True) -> Path:
+                framed: bool = True, version: int | None = None) -> Path:
     """Write a complete, cleanly closed trace (used for built reproductions)."""
-    writer = TraceWriter(path, header, framed=framed)
+    writer = TraceWriter(path, header, framed=framed, version=version)
     writer.write_many(records)
     writer.close(end_t_ns)
     return writer.path

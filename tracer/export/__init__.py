@@ -5,6 +5,8 @@
 * ``otlp``: the passes as OpenTelemetry spans over OTLP/HTTP protobuf
   (tracer/export/otlp.py), with the same names as the live mirror.
 
-Both read the trace only through ``schedtrace.tracer.contract.format.TraceReader`` and the
-replay report only through ``schedtrace.tracer.contract.report.load_report``.
+Both read a trace through the ``TraceReader`` interface (a file, or a rank's
+parts as one ``schedtrace.tracer.contract.traceset.RankTrace``), place it on
+the wall clock with ``wallclock``, and read the replay report only through
+``schedtrace.tracer.contract.report.load_report``.
 """

@@ -28,6 +28,15 @@ QUEUE_WAITING: Final = "schedtrace.queue.waiting"  # requests waiting at pass en
 BATCH_RUNNING: Final = "schedtrace.batch.running"  # requests in the running batch at pass entry
 KV_FREE: Final = "schedtrace.kv.free"  # free tokens in the full pool
 KV_EVICTABLE: Final = "schedtrace.kv.evictable"  # tokens the radix cache could evict
+# Hybrid models only (absent on a plain one): the other pools, and which pool limits.
+KV_PROTECTED: Final = "schedtrace.kv.protected"  # full-pool tokens the radix cache holds locked
+KV_SWA_FREE: Final = "schedtrace.kv.swa.free"  # free tokens in the SWA pool
+KV_SWA_EVICTABLE: Final = "schedtrace.kv.swa.evictable"
+KV_SWA_PROTECTED: Final = "schedtrace.kv.swa.protected"
+KV_MAMBA_FREE: Final = "schedtrace.kv.mamba.free"  # free mamba state slots
+KV_MAMBA_EVICTABLE: Final = "schedtrace.kv.mamba.evictable"
+KV_MAMBA_PROTECTED: Final = "schedtrace.kv.mamba.protected"
+KV_LIMITING_POOL: Final = "schedtrace.kv.limiting_pool"  # full | swa | mamba: least (free + evictable) / size
 REQ_SLOTS_FREE: Final = "schedtrace.req_slots.free"
 CANDIDATES: Final = "schedtrace.pass.candidates"  # add_one_req calls
 ADMITTED: Final = "schedtrace.pass.admitted"  # requests admitted

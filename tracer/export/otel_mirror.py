@@ -1,7 +1,8 @@
 """Mirror trace records as OpenTelemetry spans, through the OpenTelemetry API only.
 
 One span per pass record (``schedtrace.pass``), from the pass's own time
-and duration converted to epoch ns with the header's ``start_wall_ns``.
+and duration converted to epoch ns with the header's ``start_wall_ns``,
+corrected by the latest ``clock`` record (schedtrace.tracer.export.wallclock).
 Failed allocations, exceptions, hook errors, aiter choices and record losses
 become events on the span of their pass. Names: tracer/otel_attrs.py and
 docs/otel.md.
@@ -35,9 +36,12 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from schedtrace.tracer.export import otel_attrs as A
 from schedtrace.tracer.analysis.outcome import pass_outcome
+from schedtrace.tracer.analysis.pools import limiting_pool, pool_counts
 from schedtrace.tracer.contract.names import OTEL_ENV, env_flag, split_error
-from schedtrace.tracer.contract.schema import Aiter, Alloc, Header, HookError, Loss, Pass, Record
+from schedtrace.tracer.contract.schema import (Aiter, Alloc, Clock, Header, HookError, KvSnapshot, Loss, Pass,
+                                               PoolLayout, Record)
 from schedtrace.tracer.contract.versions import installed_version
+from schedtrace.tracer.export.wallclock import WallClock
 
 _log = logging.getLogger(__name__)
 
@@ -59,8 +63,22 @@ def pass_result(record: Pass) -> str:
     return _OTEL_RESULT.get(pass_outcome(record), A.RESULT_REJECTED)
 
 
-def pass_attributes(record: Pass) -> dict[str, Any]:
-    """Span attributes of a pass record (absent values are left out, as OTel requires)."""
+def pool_attributes(kv: KvSnapshot, layout: PoolLayout | None) -> dict[str, Any]:
+    """The hybrid pools' counts and the limiting pool (none of them on a plain model)."""
+    values = ((A.KV_PROTECTED, kv.protected), (A.KV_SWA_FREE, kv.swa_available),
+              (A.KV_SWA_EVICTABLE, kv.swa_evictable), (A.KV_SWA_PROTECTED, kv.swa_protected),
+              (A.KV_MAMBA_FREE, kv.mamba_available), (A.KV_MAMBA_EVICTABLE, kv.mamba_evictable),
+              (A.KV_MAMBA_PROTECTED, kv.mamba_protected))
+    attrs: dict[str, Any] = {name: value for name, value in values if value is not None}
+    limit = limiting_pool(pool_counts(kv, layout))
+    if limit is not None:
+        attrs[A.KV_LIMITING_POOL] = limit
+    return attrs
+
+
+def pass_attributes(record: Pass, layout: PoolLayout | None = None) -> dict[str, Any]:
+    """Span attributes of a pass record (absent values are left out, as OTel requires);
+    ``layout`` (``Header.pools``) sizes the pools for the limiting pool."""
     attrs: dict[str, Any] = {
         A.PASS_SEQ: record.seq,
         A.PASS_REPEAT: record.repeat,
@@ -86,6 +104,7 @@ def pass_attributes(record: Pass) -> dict[str, Any]:
             attrs[A.CHUNK_BUDGET] = record.chunk.budget
     if record.new_chunked_rid is not None:
         attrs[A.NEW_CHUNKED_RID] = record.new_chunked_rid
+    attrs.update(pool_attributes(record.kv, layout))
     return attrs
 
 
@@ -144,7 +163,8 @@ class SpanMirror:
         self._annotate = annotate
         self._linger_ns = linger_ns
         self._root = otel_context.Context()  # spans are roots, whatever is current
-        self._wall_base: int | None = None
+        self._clock: WallClock | None = None
+        self._layout: PoolLayout | None = None
         self._static: dict[str, Any] = {}
         self._open: Span | None = None
         self._open_seq = -1
@@ -155,16 +175,17 @@ class SpanMirror:
             self.set_header(header)
 
     def set_header(self, header: Header) -> None:
-        self._wall_base = header.start_wall_ns
+        self._clock = WallClock.of(header)
+        self._layout = header.pools
         self._static = {A.TP_RANK: header.tp_rank}
         if header.dp_rank is not None:
             self._static[A.DP_RANK] = header.dp_rank
 
     def wall_ns(self, t_ns: int) -> int:
-        if self._wall_base is None:
+        if self._clock is None:
             # No header seen: anchor the trace clock to now (off by the write latency only).
-            self._wall_base = time.time_ns() - t_ns
-        return self._wall_base + t_ns
+            self._clock = WallClock(time.time_ns() - t_ns)
+        return self._clock.wall_ns(t_ns)
 
     def feed(self, records: Iterable[Record]) -> None:
         if self._open is not None and self._linger_ns is not None:
@@ -177,6 +198,11 @@ class SpanMirror:
                 self._start_pass(record)
             elif kind is Header:
                 self.set_header(record)
+            elif kind is Clock:
+                if self._clock is None:
+                    self._clock = WallClock(record.wall_ns - record.t_ns)
+                else:
+                    self._clock.observe(record)
             else:
                 event = event_of(record)
                 if event is not None:
@@ -189,7 +215,7 @@ class SpanMirror:
     def _start_pass(self, record: Pass) -> None:
         start = self.wall_ns(record.t_ns)
         end = start + max(record.dur_ns, 0)
-        attrs = pass_attributes(record)
+        attrs = pass_attributes(record, self._layout)
         attrs.update(self._static)
         span = self._tracer.start_span(
             A.PASS_SPAN, context=self._root, attributes=attrs, start_time=start

@@ -32,6 +32,7 @@ from schedtrace.tracer.contract.report import Divergence, Report, Stall
 from schedtrace.tracer.export import otel_attrs as A
 from schedtrace.tracer.contract.errors import EndpointUnreachableError, ExportError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.traceset import RankTrace
 from schedtrace.tracer.export.otel_mirror import SpanMirror, schedtrace_version
 from schedtrace.tracer.export.otel_sdk import make_resource
 from schedtrace.tracer.contract.schema import Pass
@@ -166,7 +167,7 @@ class _Annotator:
 
 
 def export_otlp(
-    reader: TraceReader,
+    reader: TraceReader | RankTrace,
     endpoint: str,
     report: Report | None = None,
     *,
@@ -174,7 +175,8 @@ def export_otlp(
     batch_size: int = DEFAULT_BATCH,
     exporter: SpanExporter | None = None,
 ) -> OtlpStats:
-    """Stream every pass of ``reader`` to ``endpoint``; raise on the first batch that fails."""
+    """Stream every pass of ``reader`` (a file or a rank's parts) to ``endpoint``; raise on the first
+    batch that fails."""
     header = reader.header
     stats = OtlpStats()
     collect = _Collect()

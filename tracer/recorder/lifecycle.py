@@ -180,8 +180,8 @@ class Recorder:
         writer = self._writer
         if writer is None:
             return
-        if self.skipped:
-            self._queue(Loss(self.now(), self.skipped, LOSS_PAUSED))
+        if self.skipped:  # straight to the emitter: the control file may still say off
+            self.emitter.emit(Loss(self.now(), self.skipped, LOSS_PAUSED))
             self.skipped = 0
         self.emitter.flush()
         for hook, count in sorted(self.hook_errors.items()):
@@ -241,8 +241,8 @@ class Recorder:
         if self.paused is RESUMING:
             self.paused = False
             self._pause_flushed = False
-            if self.skipped:
-                self._queue(Loss(self.now(), self.skipped, LOSS_PAUSED))
+            if self.skipped:  # straight to the emitter: the control file may already say off again
+                self.emitter.emit(Loss(self.now(), self.skipped, LOSS_PAUSED))
                 self.skipped = 0
             return False
         if not self._pause_flushed:  # what is held from before the pause goes out first, in time order
@@ -257,9 +257,6 @@ class Recorder:
         """Queue one event record in time order; inside a pass, after that pass's record."""
         if self.paused and self._skip():
             return
-        self._queue(record)
-
-    def _queue(self, record: Record) -> None:
         cap = self.capture
         if cap is not None:
             cap.events.append(record)
@@ -310,13 +307,13 @@ class Recorder:
             return
         rid = req.rid
         if is_retracted:
-            self._queue(Retract(self.now(), rid, len(req.output_ids)))
+            self.emit(Retract(self.now(), rid, len(req.output_ids)))
             return
         if rid in self._live_rids:  # requeued after preemption: not a new arrival
             return
         self._live_rids.add(rid)
         params = req.sampling_params
-        self._queue(Arrival(
+        self.emit(Arrival(
             self.now(), rid, len(req.origin_input_ids), params.max_new_tokens,
             req.priority, bool(params.ignore_eos),
         ))
@@ -336,7 +333,7 @@ class Recorder:
             return
         scheduler = self.scheduler
         evictable = pools.evictable_tokens(scheduler) if scheduler is not None else 0
-        self._queue(Alloc(self.now(), -1, op, int(requested), int(available), int(evictable), ok))
+        self.emit(Alloc(self.now(), -1, op, int(requested), int(available), int(evictable), ok))
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)

@@ -8,6 +8,8 @@ environment, so every rank reads the same id without talking to the others
 and however the process tree is shaped. A value the operator set is kept
 (cut to ``RUN_ID_LIMIT`` safe characters): that is how the ranks of a
 multi-node server, whose launchers are separate processes, share one id.
+sglang loads the plugin once per process, so two ``Engine`` starts in one
+Python process share an id as well (their files still never collide).
 
 File names: ``schedtrace-{run}-{host}-tp{T}-dp{D}-pp{P}-pid{PID}.part{NNN}.trace``.
 A part is created with ``O_EXCL``, so an existing file is never opened

@@ -64,10 +64,6 @@ class PartFiles:
         self._unreported = 0  # write_errors not yet in a Loss record
 
     @property
-    def is_open(self) -> bool:
-        return self._writer is not None
-
-    @property
     def path(self) -> Path | None:
         return self._writer.path if self._writer is not None else None
 

@@ -9,6 +9,7 @@ one point per column is drawn, whatever the trace's length.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from schedtrace.tui.model.scan import ScanResult
 _NEED_VERDICTS = frozenset({adm.ADMITS, adm.NO_TOKEN, adm.ONE_CHUNK, adm.EMPTY_CUT})
 
 
-@dataclass
+@dataclass(eq=False)
 class TimeAxis:
     """``columns`` equal slices of [t0, t1] seconds; pass numbers by time through ``t_ns``."""
 
@@ -76,11 +77,11 @@ class TimeAxis:
 
 
 def _nice_step(raw: float) -> float:
-    """1, 2 or 5 times a power of ten, at least ``raw``."""
+    """1, 2 or 5 times a power of ten, the nearest to ``raw``."""
     if raw <= 0:
         return 1.0
     power = 10 ** floor(log10(raw))
-    return next((m * power for m in (1, 2, 5, 10) if m * power >= raw), 10 * power)
+    return min((m * power for m in (1, 2, 5, 10)), key=lambda step: abs(log10(step / raw)))
 
 
 def time_label(seconds: float) -> str:
@@ -99,11 +100,12 @@ def count_label(value: float) -> str:
     return f"{value / 1e6:.3g}M"
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (a reactive holds it)
 class ChartData:
     """Per column: the KV stack and queue of one representative pass, and the head's need."""
 
     axis: TimeAxis
+    series: dict[str, array]  # the scan's per-pass series, for the values at the cursor
     total: int  # max_total_tokens (the stack's top)
     max_running: int | None
     kv_pass: list[int] = field(default_factory=list)  # the column's most pressed pass (least free + evictable)
@@ -146,7 +148,7 @@ def chart_data(scan: ScanResult, marks: Marks, header: Header, columns: int,
     axis = TimeAxis.of(scan.t_ns, columns)
     if axis is None:
         return None
-    data = ChartData(axis, kv_total(header, scan), header.server_args.max_running_requests)
+    data = ChartData(axis, scan.series, kv_total(header, scan), header.server_args.max_running_requests)
     s = scan.series
     free, evict, waiting, running = s["kv_free"], s["kv_evictable"], s["waiting"], s["running"]
     need_of: dict[int, float | None] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedtrace.tracer.contract.report import Decision
+from schedtrace.tui.model.rids import short_rid
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ def _show(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, list):
-        return ", ".join(f"{rid}+{n}" if isinstance(rid, str) else str(rid) for rid, n in value) or "(none)"
+        return ", ".join(f"{short_rid(rid)}+{n}" if isinstance(rid, str) else str(rid) for rid, n in value) or "(none)"
     return str(value)
 
 

@@ -1,32 +1,64 @@
-"""The header bar's facts about a trace, as (label, value) pairs."""
+"""The header bar's facts about a trace, and which of them fit one line."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from schedtrace.tracer.contract.schema import Header
 from schedtrace.tui.model.durations import humanize_ns
 
+SEPARATOR = "  "
 
-def header_lines(header: Header, *, pass_count: int, duration_ns: int | None, losses: int,
-                 truncated_at: int | None, closed_cleanly: bool) -> list[tuple[str, str]]:
-    """(label, value) pairs for the header bar."""
+
+@dataclass(frozen=True)
+class HeaderItem:
+    label: str  # shown dim before the value ("" for none)
+    value: str
+    drop: int = 0  # 0: always shown; otherwise the highest is left out first when the line is too narrow
+    alarm: bool = False  # shown in red
+    accent: bool = False  # the replay's result
+
+    @property
+    def width(self) -> int:
+        return len(self.label) + (1 if self.label else 0) + len(self.value)
+
+
+def header_items(header: Header, *, pass_count: int, duration_ns: int | None, losses: int,
+                 truncated_at: int | None, closed_cleanly: bool) -> list[HeaderItem]:
     args = header.server_args
     rank = f"tp{header.tp_rank}" + (f" dp{header.dp_rank}" if header.dp_rank is not None else "")
-    pairs = [
-        ("model", args.model_path),
-        ("sglang", header.sglang_version),
-        ("rank", rank),
-        ("policy", args.schedule_policy),
-        ("chunk", str(args.chunked_prefill_size)),
-        ("max running", str(args.max_running_requests)),
-        ("max tokens", str(args.max_total_tokens)),
-        ("duration", humanize_ns(duration_ns) if duration_ns is not None else "…"),
-        ("passes", f"{pass_count:,}"),
-        ("lost", str(losses)),
+    items = [
+        HeaderItem("", Path(args.model_path).name or args.model_path, drop=4),
+        HeaderItem("sglang", header.sglang_version, drop=6),
+        HeaderItem("", rank, drop=8),
+        HeaderItem("policy", args.schedule_policy, drop=2),
+        HeaderItem("chunk", str(args.chunked_prefill_size), drop=3),
+        HeaderItem("max run", str(args.max_running_requests)),
+        HeaderItem("kv", str(args.max_total_tokens)),
+        HeaderItem("", humanize_ns(duration_ns) if duration_ns is not None else "…", drop=5),
+        HeaderItem("passes", f"{pass_count:,}"),
+        HeaderItem("lost", str(losses), drop=0 if losses else 9, alarm=bool(losses)),
     ]
     if truncated_at is not None:
-        pairs.append(("TRUNCATED", f"at byte {truncated_at:,}"))
+        items.append(HeaderItem("TRUNCATED", f"at byte {truncated_at:,}", alarm=True))
     elif not closed_cleanly:
-        pairs.append(("unclosed", "no footer"))
+        items.append(HeaderItem("unclosed", "no footer", alarm=True))
     if header.part:
-        pairs.append(("part", str(header.part)))
-    return pairs
+        items.append(HeaderItem("part", str(header.part), drop=7))
+    return items
+
+
+def fit(items: list[HeaderItem], width: int) -> list[HeaderItem]:
+    """``items`` less the fewest droppable ones (highest ``drop`` first) so that one line holds them."""
+    shown = list(items)
+
+    def total() -> int:
+        return sum(item.width for item in shown) + len(SEPARATOR) * max(len(shown) - 1, 0)
+
+    while total() > width:
+        droppable = [item for item in shown if item.drop]
+        if not droppable:
+            break
+        shown.remove(max(droppable, key=lambda item: item.drop))
+    return shown

@@ -35,6 +35,10 @@ class StallRun:
     def passes(self) -> int:
         return self.end - self.start + 1
 
+    def describe(self) -> str:
+        count = f"{self.passes} pass" + ("" if self.passes == 1 else "es")
+        return f"stall of {self.arm}: passes {self.start}–{self.end} ({count})"
+
 
 class _ArmStalls:
     """One arm's stalls: disjoint (start, end) runs, sorted (one scanner made them)."""

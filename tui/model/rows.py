@@ -21,26 +21,25 @@ class PassRow:
     waiting: int
     running: int
     kv: str
-    admitted: str
+    admitted: str  # "requests (tokens)"
+    chunk: str  # the continuing chunk's tokens
     result: str
 
 
-PASS_HEADER: Final = PassRow(seq=-1, time="time", waiting=0, running=0, kv="free/evict", admitted="admitted",
-                             result="result")
+PASS_HEADER: Final = PassRow(seq=-1, time="time", waiting=0, running=0, kv="free/evict", admitted="admit(tok)",
+                             chunk="chunk", result="result")
 
 
 def pass_row(p: Pass) -> PassRow:
-    admitted = sum(a.extend_len for a in p.admitted)
-    what = f"{len(p.admitted)} ({admitted} tok)" if p.admitted else ""
-    if p.chunk is not None and p.chunk.size:
-        what = (what + " " if what else "") + f"chunk {p.chunk.size}"
+    tokens = sum(a.extend_len for a in p.admitted)
     return PassRow(
         seq=p.seq,
         time=humanize_ns(p.t_ns),
         waiting=len(p.waiting),
         running=len(p.running),
         kv=f"{p.kv.available}/{p.kv.evictable}",
-        admitted=what,
+        admitted=f"{len(p.admitted)} ({tokens})" if p.admitted else "",
+        chunk=str(p.chunk.size) if p.chunk is not None and p.chunk.size else "",
         result=pass_outcome(p),
     )
 

@@ -45,7 +45,8 @@ class ScanResult:
 
 
 def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] | None = None,
-               cancelled: Callable[[], bool] = lambda: False, every: int = 20_000) -> ScanResult:
+               cancelled: Callable[[], bool] = lambda: False, every: int = 20_000,
+               stall_passes: int = DEFAULT_STALL_PASSES) -> ScanResult:
     """Read every record once: the timeline series, error passes and rid spans.
 
     ``reader`` must not be used by another thread meanwhile (it seeks its
@@ -54,7 +55,7 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     """
     out = ScanResult()
     # The header, not max_running_requests alone: the rule then uses the real page size and policy.
-    stall_scanner = StallScanner(DEFAULT_STALL_PASSES, reader.header)
+    stall_scanner = StallScanner(stall_passes, reader.header)
     latch_feed = out.latch.feed
     s = out.series
     waiting, running, kv_free, kv_evict, chunk = (s[name] for name in SERIES)

@@ -1,44 +1,39 @@
-"""The two text bars above the timeline: the trace header and the status line."""
+"""The two text bars above the charts: the trace header and the status line."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from rich.text import Text
-from textual.reactive import var
+from textual.reactive import reactive, var
+from textual.widget import Widget
 from textual.widgets import Static
 
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tui.model.header import header_lines
+from schedtrace.tui.model.header import SEPARATOR, HeaderItem, fit, header_items
 from schedtrace.tui.model.scan import ScanResult
 
-ALARMS = ("TRUNCATED", "unclosed")  # header labels shown in red
 
+class TraceHeader(Widget):
+    """The trace's facts, the replay's arms and divergence count, and whether the report is this
+    trace's, in one line (the least useful facts are left out when it is narrow: fitted when drawn)."""
 
-class TraceHeader(Static):
-    """The trace's facts, and the replay's arms and divergence count; the app binds the reactives."""
-
-    passes: var[int] = var(0, init=False)
-    scan: var[ScanResult | None] = var(None, init=False)
-    divergences: var[int] = var(0, init=False)
+    passes: reactive[int] = reactive(0, init=False)
+    scan: reactive[ScanResult | None] = reactive(None, init=False)
+    divergences: reactive[int] = reactive(0, init=False)
+    report_doubts: reactive[list[str]] = reactive(list, init=False)
 
     def __init__(self, reader: TraceReader, arms: tuple[str, str] | None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.reader = reader
         self.arms = arms
 
-    def watch_passes(self) -> None:
-        self.update(self.text())
+    def render(self) -> Text:
+        return self.text()
 
-    def watch_scan(self) -> None:
-        self.update(self.text())
-
-    def watch_divergences(self) -> None:
-        self.update(self.text())
-
-    def text(self) -> Text:
+    def items(self) -> list[HeaderItem]:
         scan, reader = self.scan, self.reader
-        pairs = header_lines(
+        items = header_items(
             reader.header,
             pass_count=self.passes,
             duration_ns=scan.end_ns if scan else None,
@@ -46,16 +41,22 @@ class TraceHeader(Static):
             truncated_at=(scan.truncated_at if scan else None) or reader.truncated_at,
             closed_cleanly=reader.closed_cleanly,
         )
-        text = Text()
-        for label, value in pairs:
-            alarm = label in ALARMS or (label == "lost" and value != "0")
-            text.append(f"{label} ", style="dim")
-            text.append(value, style="bold red" if alarm else "bold")
-            text.append("  ")
         if self.arms is not None:
-            text.append("replay ", style="dim")
-            text.append(f"{self.arms[0]} → {self.arms[1]}", style="bold")
-            text.append(f"  {self.divergences:,} divergences", style="bold magenta")
+            items.append(HeaderItem("replay", f"{self.arms[0]} → {self.arms[1]}"))
+            items.append(HeaderItem("", f"{self.divergences:,} divergences", accent=True))
+        if self.report_doubts:
+            items.append(HeaderItem("REPORT", "not of this trace?", alarm=True))
+        return items
+
+    def text(self) -> Text:
+        width = self.content_size.width or self.app.size.width
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for i, item in enumerate(fit(self.items(), width)):
+            if i:
+                text.append(SEPARATOR)
+            if item.label:
+                text.append(f"{item.label} ", style="dim")
+            text.append(item.value, style="bold red" if item.alarm else "bold magenta" if item.accent else "bold")
         return text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.reactive import var
 from textual.scroll_view import ScrollView
@@ -12,15 +13,20 @@ from textual.strip import Strip
 
 
 class DetailPane(ScrollView):
-    """Shows ``lines`` (the app binds them), one strip per line, cropped not wrapped.
+    """Shows ``lines`` (the app binds them), one strip per line, cropped not wrapped
+    (a line whose ``overflow`` is "fold" is folded to the pane's width instead).
 
     A ``Static`` in a scroll container re-renders its whole content to measure
     its height and re-lays out the screen on every update; here an update
     turns each line into one strip and only the visible strips are drawn.
     """
 
+    BINDINGS = [
+        Binding("j", "scroll_down", "Scroll Down", show=False),
+        Binding("k", "scroll_up", "Scroll Up", show=False),
+    ]
     DEFAULT_CSS = """
-    DetailPane { width: 1fr; border-left: solid $primary-darken-2; padding: 0 1; }
+    DetailPane { width: 1fr; padding: 0 1; }
     """
 
     lines: var[list[Text]] = var(list, always_update=True, init=False)
@@ -30,6 +36,7 @@ class DetailPane(ScrollView):
         self._strips: list[Strip] | None = None
         self._shown: dict[int, Strip] = {}  # line -> strip as drawn for _shown_key
         self._shown_key: tuple[Style | None, int, int] = (None, -1, -1)  # (widget style, scroll x, width)
+        self._folded_at = 0  # the width folded lines were folded to
 
     @property
     def renderable(self) -> RenderableType:
@@ -45,8 +52,13 @@ class DetailPane(ScrollView):
     def _build_strips(self) -> list[Strip]:
         console = self.app.console
         strips = []
+        fold_width = self._folded_at = max(self.scrollable_content_region.width, 20)
         for text in self.lines:
-            for line in text.split("\n") if "\n" in text.plain else (text,):  # a multi-line error message
+            if text.overflow == "fold":
+                pieces = list(text.wrap(console, fold_width))
+            else:
+                pieces = text.split("\n") if "\n" in text.plain else [text]  # a multi-line error message
+            for line in pieces:
                 strips.append(Strip(line.render(console), line.cell_len))
         self._strips = strips
         self._shown = {}
@@ -68,6 +80,11 @@ class DetailPane(ScrollView):
             return
         self.set_reactive(DetailPane.virtual_size, size)
         self._scroll_update(size)
+
+    def on_resize(self) -> None:
+        if self.scrollable_content_region.width != self._folded_at:
+            self._strips = None  # fold again to the new width
+            self.refresh()
 
     def _check_shown_key(self) -> None:
         key = (self.rich_style, self.scroll_offset.x, self.scrollable_content_region.width)

@@ -6,12 +6,15 @@ from rich.text import Text
 
 from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.analysis.outcome import pass_outcome
+from schedtrace.tracer.analysis.why import Why
 from schedtrace.tracer.contract.report import Decision, Divergence, Mismatch
 from schedtrace.tracer.contract.schema import Pass
 from schedtrace.tui.model.diff import decision_diff
 from schedtrace.tui.model.durations import humanize_ns
-from schedtrace.tui.model.marks import GLYPHS
+from schedtrace.tui.model.marks import GLYPHS, StallRun
 from schedtrace.tui.model.pools import pool_rows
+from schedtrace.tui.model.rids import short_rid
+from schedtrace.tui.widgets import palette
 
 MAX_QUEUE_ROWS = 40
 
@@ -62,16 +65,48 @@ def _decision_table(title: str, left_name: str, left: Decision, right_name: str,
     return table_lines(title, ["field", left_name, right_name], rows)
 
 
-def _queue_table(title: str, columns: list[str], rows: list[list[str]]) -> list[Text]:
-    shown: list[list[Cell]] = list(rows[:MAX_QUEUE_ROWS])
+def _queue_table(title: str, columns: list[str], rows: list[tuple[str, list[str]]], searched: str | None
+                 ) -> list[Text]:
+    """``rows`` are (rid, cells with the short rid); the searched rid's row is highlighted, kept in view."""
+    found = next((i for i, (rid, _) in enumerate(rows) if rid == searched), None)
+    picked = list(range(min(len(rows), MAX_QUEUE_ROWS)))
+    if found is not None and found >= MAX_QUEUE_ROWS:
+        picked[-1] = found
+    shown: list[list[Cell]] = [
+        [Text(cell, style=palette.SEARCHED) for cell in rows[i][1]] if i == found else list(rows[i][1])
+        for i in picked
+    ]
     if len(rows) > MAX_QUEUE_ROWS:
         shown.append([f"… {len(rows) - MAX_QUEUE_ROWS} more", *[""] * (len(columns) - 1)])
     return table_lines(f"{title} ({len(rows)})", columns, shown)
 
 
+def why_lines(lines: list[tuple[str | None, Why]]) -> list[Text]:
+    """The "why nothing (more) was admitted" lines: one, or one per arm on a divergent pass."""
+    out = []
+    for arm, line in lines:
+        text = Text("why", style="bold")
+        text.append(f" ({arm})" if arm else "", style="bold")
+        text.append(": ")
+        text.append(line.text, style=palette.WHY_STYLES.get(line.reason, ""))
+        out.append(Text.assemble(text, overflow="fold"))  # the pane folds these to its width
+    return out
+
+
+def _stall_lines(stalls: list[StallRun], arm_order: tuple[str, ...]) -> list[Text]:
+    out = []
+    for run in stalls:
+        colour = palette.ARM_COLOURS[arm_order.index(run.arm)] if run.arm in arm_order else None
+        text = Text(palette.STALL_BAR, style=colour.mark if colour else "", overflow="fold")
+        text.append(f" inside a {run.describe()}", style="bold")
+        out.append(text)
+    return out
+
+
 def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | None, arms: tuple[str, str] | None,
-                in_stall: bool, failed_alloc: bool) -> list[Text]:
-    """The pane's lines for one pass."""
+                stalls: list[StallRun], arm_order: tuple[str, ...], failed_alloc: bool,
+                why: list[tuple[str | None, Why]], searched: str | None = None) -> list[Text]:
+    """The pane's lines for one pass; ``searched``: the rid found with ``/`` (its rows are highlighted)."""
     parts: list[Text] = []
     title = Text(f"Pass {p.seq}", style="bold")
     title.append(f"  t={humanize_ns(p.t_ns)}  took {p.dur_ns / 1e3:.0f}µs  result {pass_outcome(p)}")
@@ -80,13 +115,13 @@ def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | 
     if p.idle_before:
         title.append(f"  {p.idle_before} idle before", style="dim")
     parts.append(title)
+    parts.extend(why_lines(why))
     if divergence is not None:
         kinds = ", ".join(divergence.kinds)
         parts.append(Text(f"{GLYPHS['divergence']} divergence: {kinds}", style="bold magenta"))
         fixes = ", ".join(divergence.fixes) or "none alone (needs several fixes together)"
         parts.append(Text(f"  fixes responsible: {fixes}", style="magenta"))
-    if in_stall:
-        parts.append(Text(f"{GLYPHS['stall']} inside a stall", style="bold yellow"))
+    parts.extend(_stall_lines(stalls, arm_order))
     if p.error:
         parts.append(Text(f"{GLYPHS['error']} raised: {p.error}", style="bold red"))
     if failed_alloc:
@@ -120,11 +155,12 @@ def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | 
     parts.extend(table_lines("Recorded state", None, state, first_style="bold"))
     if p.candidates:
         parts.extend(_queue_table("Candidates", ["rid", "prefix", "extend", "result"],
-                                  [[c.rid, str(c.prefix_len), str(c.extend_len), c.result] for c in p.candidates]))
+                                  [(c.rid, [short_rid(c.rid), str(c.prefix_len), str(c.extend_len), c.result])
+                                   for c in p.candidates], searched))
     parts.extend(_queue_table("Waiting", ["#", "rid", "input", "prefix", "max_new"],
-                              [[str(i + 1), w.rid, str(w.input_len), str(w.prefix_len), str(w.max_new_tokens)]
-                               for i, w in enumerate(p.waiting)]))
+                              [(w.rid, [str(i + 1), short_rid(w.rid), str(w.input_len), str(w.prefix_len),
+                                        str(w.max_new_tokens)]) for i, w in enumerate(p.waiting)], searched))
     parts.extend(_queue_table("Running", ["rid", "input", "output", "max_new"],
-                              [[r.rid, str(r.input_len), str(r.output_len), str(r.max_new_tokens)]
-                               for r in p.running]))
+                              [(r.rid, [short_rid(r.rid), str(r.input_len), str(r.output_len), str(r.max_new_tokens)])
+                               for r in p.running], searched))
     return parts

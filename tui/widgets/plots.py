@@ -26,7 +26,7 @@ def canvas_columns(width: int) -> int:
     return width - Y_LABEL_WIDTH - FRAME
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity (a reactive holds it)
 class ChartImage:
     lines: list[Text]
     left: int  # the cell of the canvas's left frame: column c is drawn at left + 1 + c
@@ -46,7 +46,7 @@ def _plot(width: int, height: int, data: ChartData, top: float):
     plot.xlim(0, columns - 1)
     plot.ylim(0, top)
     plot.xticks(*data.axis.ticks())
-    ticks = [0, top / 2, top]
+    ticks = [0, top // 2 if top >= 10 else top / 2, top]
     plot.yticks(ticks, [count_label(t).rjust(Y_LABEL_WIDTH)[-Y_LABEL_WIDTH:] for t in ticks])
     return plot
 

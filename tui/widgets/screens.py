@@ -1,4 +1,4 @@
-"""Modal prompts, the help screen and the request view."""
+"""Modal prompts and the request view (the help screen is in ``help.py``)."""
 
 from __future__ import annotations
 
@@ -39,37 +39,19 @@ class Prompt(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > Static { width: 72; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
-    """
-
-    def __init__(self, lines: list[tuple[str, str]]) -> None:
-        super().__init__()
-        self.lines = lines
-
-    def compose(self) -> ComposeResult:
-        text = "[b]Keys[/b]\n\n" + "\n".join(f"  [b]{key:<10}[/b] {what}" for key, what in self.lines)
-        text += "\n\n  Mouse: click a pass or the timeline.  ctrl+p: every action.\n  escape closes this."
-        yield Static(text)
-
-    def action_close(self) -> None:
-        self.dismiss(None)
-
-
 class RequestScreen(Screen[int | None]):
     """The life of one rid; enter jumps to the highlighted step's pass."""
 
     BINDINGS = [
         Binding("escape,r", "close", "Back"),
         Binding("enter", "jump", "Go to pass"),
+        Binding("j", "move(1)", "Down", show=False),
+        Binding("k", "move(-1)", "Up", show=False),
         Binding("q", "app.quit", "Quit"),
     ]
     DEFAULT_CSS = """
     RequestScreen #request-title { height: auto; padding: 0 1; background: $primary-darken-2; }
-    RequestScreen DataTable { height: 1fr; }
+    RequestScreen DataTable { height: 1fr; border-left: tall $accent; }
     """
 
     def __init__(self, rid: str) -> None:
@@ -84,6 +66,13 @@ class RequestScreen(Screen[int | None]):
 
     def on_mount(self) -> None:
         self._table().focus()
+
+    def on_screen_resume(self) -> None:
+        self._table().focus()  # the steps table has the keys from the moment the view opens
+
+    def action_move(self, delta: int) -> None:
+        table = self._table()
+        table.move_cursor(row=max(0, min(table.cursor_row + delta, table.row_count - 1)))
 
     def _table(self) -> DataTable:
         table = self.query_one(DataTable)

@@ -1,0 +1,78 @@
+"""``schedtrace repro`` cost: shrink and emit a sample-trace divergence against one replay of its pass.
+
+On traces/kv-pressure-lpm-24k.trace pass 867 (the sample's one divergence,
+latch; 24 waiting, 8 running):
+
+* baseline: one replay of that pass, ``PassDriver.decide`` under stock and
+  under the fix, which is what replay itself does for the pass;
+* repro: find the divergence, shrink it with the real code and emit the
+  module (``schedtrace.replay.repro.pipeline.build``), without the pytest
+  verification (its cost is the pytest processes' sglang import, not ours);
+
+printed as seconds, as a ratio over the baseline, and as the count of
+real-code calls (``PassDriver.decide``) the shrink made. Both are run
+``--runs`` times after a warm-up; the medians are printed. Nothing here
+asserts a time.
+
+Run: ``python -m bench.bench_repro [--runs N]``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", category=UserWarning)
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace"
+PASS = 867
+FIX = "latch"
+
+
+def _median_seconds(work, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str]) -> int:
+    runs = int(argv[argv.index("--runs") + 1]) if "--runs" in argv else 5
+    from schedtrace.replay.driver import PassDriver
+    from schedtrace.replay.repro.pipeline import build
+    from schedtrace.tracer.analysis.decision import replay_inputs
+    from schedtrace.tracer.contract.format import TraceReader
+
+    with TraceReader(SAMPLE) as reader:
+        header = reader.header
+        p = replay_inputs(reader.pass_at(PASS))
+    driver = PassDriver(header)
+
+    def replay_once() -> None:
+        driver.decide(p, "stock")
+        driver.decide(p, FIX)
+
+    replay_once()  # warm: fixes compiled, sglang imported
+    build(SAMPLE, PASS)
+    baseline = _median_seconds(replay_once, runs)
+    shrink = _median_seconds(lambda: build(SAMPLE, PASS), runs)
+    repro = build(SAMPLE, PASS)
+    case = repro.cases[0]
+    print(f"{SAMPLE.name} pass {PASS}: {', '.join(case.divergent.kinds)}, fixed by {case.divergent.fixes}")
+    print(f"  shrunk: {case.shrunk}")
+    print(f"replay of the pass (stock + {FIX}):   {baseline * 1e3:9.2f} ms")
+    print(f"find + shrink + emit:              {shrink * 1e3:9.2f} ms  ({shrink / baseline:.0f}x the replay)")
+    print(f"real-code calls (PassDriver.decide): {repro.calls} (the replay of the pass: 2)")
+    print(f"emitted module: {len(repro.text.splitlines())} lines")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,313 @@
+"""What a closed loop reads from the trace: its start state, the arrivals, the pass clock.
+
+One scan of the trace (``scan_trace``) gives every closed loop what it
+needs whatever its start, and the recording's own outcome the self-check
+compares the stock arm with (``schedtrace.replay.selfcheck``);
+``load_input`` turns the scan and the recorded pass at ``from_pass`` into a
+``LoopInput``. Inputs the loop takes from the recording, as the driver takes
+the cache's inputs from a pass: each request's output length (its
+``finish``) and its prefix match (its first candidate row that has one,
+from the pass of that row on: when the cache got it is not recorded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from schedtrace.replay.loop_pools import FULL_POOL, LoopPools, swa_window_tokens
+from schedtrace.replay.loop_state import LoopReq, LoopState
+from schedtrace.replay.pass_clock import PassClock
+from schedtrace.tracer.analysis.decision import replay_inputs
+from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
+
+
+@dataclass
+class TraceScan:
+    """What one scan of the trace gives every closed loop, whatever its start."""
+
+    points: list[tuple[int, int]]  # (scheduler pass number, t_ns) of each pass record
+    arrivals: list[Arrival]
+    targets: dict[str, int]  # rid -> recorded output length
+    clock: PassClock
+    # rid -> (index of the pass record, prefix match, what locking it took from the evictable
+    # count): the first candidate row with a match
+    matches: dict[str, tuple[int, int, int | None]] = field(default_factory=dict)
+    # The recording's own outcome (the self-check's reference):
+    admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> index of the pass record first admitting it
+    finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
+    queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each pass record's entry
+    # The server ran sglang's overlap scheduler: a running request was seen without its first output
+    # (its prefill's result not yet processed), which the normal loop never shows.
+    overlap: bool = False
+
+
+def scan_trace(reader: TraceReader) -> TraceScan:
+    """The pass clock, arrivals, output lengths and the recorded outcome, from one scan.
+
+    The clock counts every scheduler pass: pass records with their folded
+    repeats, and the idle passes between them. The recorder counts idle
+    passes in ``idle`` records (and the ones right before a pass again in its
+    ``idle_before``); a trace without ``idle`` records is counted by
+    ``idle_before`` alone.
+    """
+    by_idle_records: list[tuple[int, int]] = []
+    by_idle_before: list[tuple[int, int]] = []
+    arrivals: list[Arrival] = []
+    targets: dict[str, int] = {}
+    matches: dict[str, tuple[int, int, int | None]] = {}
+    admitted_at: dict[str, int] = {}
+    finished_ns: dict[str, int] = {}
+    queue_lengths: list[int] = []
+    overlap = False
+    it_records = it_before = 0
+    seen_idle_record = False
+    for _, record in reader.records():
+        if isinstance(record, Pass):
+            index = len(queue_lengths)
+            it_before += max(record.idle_before, 0)
+            by_idle_records.append((it_records, record.t_ns))
+            by_idle_before.append((it_before, record.t_ns))
+            it_records += max(record.repeat, 1)
+            it_before += max(record.repeat, 1)
+            queue_lengths.append(len(record.waiting))
+            overlap = overlap or any(r.output_len == 0 for r in record.running)
+            for candidate in record.candidates:
+                if candidate.prefix_len > 0:
+                    matches.setdefault(candidate.rid, (index, candidate.prefix_len, candidate.locked_evictable))
+            for admitted in record.admitted:
+                admitted_at.setdefault(admitted.rid, index)
+        elif isinstance(record, Idle):
+            seen_idle_record = True
+            it_records += max(record.count, 0)
+        elif isinstance(record, Arrival):
+            arrivals.append(record)
+        elif isinstance(record, Finish):
+            targets[record.rid] = record.output_len
+            finished_ns.setdefault(record.rid, record.t_ns)
+    points = by_idle_records if seen_idle_record else by_idle_before
+    return TraceScan(
+        points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
+        admitted_at=admitted_at, finished_ns=finished_ns, queue_lengths=queue_lengths, overlap=overlap,
+    )
+
+
+@dataclass
+class LoopInput:
+    """Everything a closed loop needs from the trace, read once."""
+
+    header: Header
+    from_pass: int
+    start: Pass  # the recorded pass at from_pass
+    initial: LoopState
+    arrivals: list[tuple[int, LoopReq]]  # (step, request), in arrival order
+    clock: PassClock
+    start_iteration: int
+    recorded_passes: int
+    # (step, rid, prefix match, its part in the evictable count), by step
+    matches: list[tuple[int, str, int, int | None]] = field(default_factory=list)
+    overlap: bool = False  # the recorded server's overlap scheduler (TraceScan.overlap)
+
+    @property
+    def page_size(self) -> int:
+        return max(1, self.header.server_args.page_size)
+
+    @property
+    def radix_cache(self) -> bool:
+        return not self.header.server_args.disable_radix_cache
+
+    @property
+    def mixed_chunk(self) -> bool:
+        return self.header.server_args.enable_mixed_chunk
+
+    @property
+    def pools(self) -> LoopPools:
+        return LoopPools.of(self.header)
+
+
+def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None = None) -> LoopInput:
+    """The closed loop's start: the recorded state at ``from_pass`` and what comes after."""
+    count = reader.pass_count
+    if count == 0:
+        raise ReplayStateError(f"{reader.path}: the trace has no pass records to start a closed loop from")
+    if not 0 <= from_pass < count:
+        raise UsageError(f"--from {from_pass}: the trace has passes 0..{count - 1}")
+    scan = scan if scan is not None else scan_trace(reader)
+    start = replay_inputs(reader.pass_at(from_pass))
+    # The index and the scan disagree only on a torn file: then the last point.
+    start_iteration = scan.points[min(from_pass, len(scan.points) - 1)][0] if scan.points else 0
+    header = reader.header
+    pools = LoopPools.of(header)
+    initial = initial_state(start, scan.targets, pools, page_size=max(1, header.server_args.page_size))
+    known = {r.rid for r in (*initial.waiting, *initial.running)}
+    if initial.chunked is not None:
+        known.add(initial.chunked.rid)
+    future: list[tuple[int, LoopReq]] = []
+    for event in scan.arrivals:
+        if event.rid in known or event.t_ns <= start.t_ns:
+            continue  # already in the start state, or done with before it
+        known.add(event.rid)
+        step = max(1, scan.clock.iteration_at(event.t_ns) - start_iteration)
+        future.append((step, _loop_req(event, scan.targets, priority=event.priority)))
+    future.sort(key=lambda item: item[0])  # stable: arrival order within a step
+    last = len(scan.points) - 1
+    matches = sorted(
+        (scan.points[min(index, last)][0] - start_iteration, rid, prefix, locked)
+        for rid, (index, prefix, locked) in scan.matches.items()
+        if rid in known
+    )
+    return LoopInput(
+        header=header,
+        from_pass=from_pass,
+        start=start,
+        initial=initial,
+        arrivals=future,
+        clock=scan.clock,
+        start_iteration=start_iteration,
+        recorded_passes=count,
+        matches=matches,
+        overlap=scan.overlap,
+    )
+
+
+def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
+    """Output length at which the request finishes: recorded, else its limit."""
+    return max(1, targets.get(rid, max_new_tokens))
+
+
+def _loop_req(
+    row: Arrival | WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | None
+) -> LoopReq:
+    """A recorded request (arrival or queue row) as loop state; ``state`` is what differs."""
+    return LoopReq(
+        rid=row.rid,
+        input_len=row.input_len,
+        max_new_tokens=row.max_new_tokens,
+        target_output=_target(row.rid, row.max_new_tokens, targets),
+        ignore_eos=row.ignore_eos,
+        **state,
+    )
+
+
+def initial_state(
+    p: Pass, targets: dict[str, int], pools: LoopPools = FULL_POOL, *, page_size: int = 1
+) -> LoopState:
+    """The loop state at a recorded pass's entry.
+
+    What each request holds of the hybrid pools is not recorded: a running
+    request is taken to hold its window on the SWA side (its older tokens
+    already slid out) and a chunked one all it prefilled (a prefill slides
+    only without a radix cache); each holds ``mamba_slots_per_req`` slots.
+    """
+    kv = p.kv
+    swa = pools.paged_swa and kv.swa_available is not None
+    mamba = pools.mamba_slots_per_req > 0 and kv.mamba_available is not None
+
+    def held(tokens: int, window_only: bool) -> dict[str, int]:
+        out = {"kv_tokens": tokens, "kv_held": tokens}
+        if swa:
+            out["swa_held"] = swa_window_tokens(tokens, pools.swa_window, page_size) if window_only else tokens
+        if mamba:
+            out["mamba_held"] = pools.mamba_slots_per_req
+        return out
+
+    waiting = [
+        _loop_req(w, targets, output_len=w.output_len, prefix_len=w.prefix_len, priority=w.priority)
+        for w in p.waiting
+    ]
+    running = []
+    for r in p.running:
+        # KV holds the prompt and every output but the newest (decoded next pass).
+        tokens = r.input_len + max(r.output_len - 1, 0)
+        running.append(_loop_req(r, targets, output_len=r.output_len, **held(tokens, True)))
+    c = p.chunked
+    chunked = (
+        None
+        if c is None
+        else _loop_req(c, targets, output_len=c.output_len, prefix_len=c.prefix_len, **held(c.prefix_len, False))
+    )
+    return LoopState(
+        waiting=waiting,
+        running=running,
+        chunked=chunked,
+        batch_is_full=p.batch_is_full_in,
+        free=kv.available,
+        evictable=kv.evictable,
+        req_slots_free=p.req_slots_free,
+        swa_free=kv.swa_available if swa else None,
+        swa_evictable=(kv.swa_evictable or 0) if swa else None,
+        mamba_free=kv.mamba_available if mamba else None,
+        mamba_evictable=(kv.mamba_evictable or 0) if mamba else None,
+    )
+
+
+def default_max_passes(loop: LoopInput, stall_passes: int) -> int:
+    """A bound no healthy arm reaches: the arrivals' span plus every request's
+    remaining work done one step at a time."""
+    reqs = [*loop.initial.waiting, *loop.initial.running, *(r for _, r in loop.arrivals)]
+    if loop.initial.chunked is not None:
+        reqs.append(loop.initial.chunked)
+    chunk = loop.start.chunked_prefill_size or loop.header.server_args.chunked_prefill_size or 0
+    work = 0
+    for r in reqs:
+        work += max(r.target_output - r.output_len, 0) + 1
+        if chunk > 0:
+            work += -(-r.fill_len // chunk)
+    last_arrival = loop.arrivals[-1][0] if loop.arrivals else 0
+    return last_arrival + work + 4 * stall_passes + 64
+
+
+class ArrivalFeed:
+    """What reaches a closed loop from outside, step by step: the recorded
+    arrivals, and each request's recorded prefix match from its pass on."""
+
+    def __init__(self, loop: LoopInput) -> None:
+        self._arrivals = loop.arrivals
+        self._matches = loop.matches
+        self._next = self._next_match = 0
+        self._revealed: dict[str, tuple[int, int | None]] = {}
+        self.arrived: dict[str, int] = {r.rid: 0 for r in loop.initial.waiting}  # rid -> step it arrived
+
+    def feed(self, state: LoopState, step: int) -> None:
+        """Add to ``state`` what comes by ``step``."""
+        while self._next_match < len(self._matches) and self._matches[self._next_match][0] <= step:
+            _, rid, prefix, locked = self._matches[self._next_match]
+            self._next_match += 1
+            self._revealed[rid] = (prefix, locked)
+            for req in state.waiting:
+                if req.rid == rid:
+                    _reveal(req, prefix, locked)
+        while self._next < len(self._arrivals) and self._arrivals[self._next][0] <= step:
+            req = replace(self._arrivals[self._next][1])
+            self._next += 1
+            _reveal(req, *self._revealed.get(req.rid, (0, None)))
+            state.waiting.append(req)
+            self.arrived[req.rid] = step
+
+    def next_event(self, state: LoopState) -> int | None:
+        """The next step something comes that can change ``state``'s decisions (None: nothing will)."""
+        steps = [self._arrivals[self._next][0]] if self._next < len(self._arrivals) else []
+        waiting = {r.rid for r in state.waiting if _revealable(r)}
+        steps += [step for step, rid, _, _ in self._matches[self._next_match:] if rid in waiting][:1]
+        return min(steps, default=None)
+
+    @property
+    def next_arrival(self) -> int | None:
+        return self._arrivals[self._next][0] if self._next < len(self._arrivals) else None
+
+    @property
+    def to_arrive(self) -> int:
+        return len(self._arrivals) - self._next
+
+
+def _revealable(req: LoopReq) -> bool:
+    """A fresh request (not one retracted, which lost its KV): the cache's match applies."""
+    return req.prefix_len == 0 and req.output_len == 0
+
+
+def _reveal(req: LoopReq, prefix: int, locked: int | None) -> None:
+    if prefix > 0 and _revealable(req):
+        req.prefix_len = min(prefix, req.input_len - 1)  # sglang always leaves one token to compute
+        # The rest of the match is shared with running requests (protected, not evictable).
+        req.prefix_cached = None if locked is None else min(locked, req.prefix_len)

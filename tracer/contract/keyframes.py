@@ -1,0 +1,86 @@
+"""Format v2's keyframes: when the writer writes a pass whole, and what the reader holds it to.
+
+A keyframe is a plain ``pass`` record; the passes between keyframes are
+``delta`` records (delta.py). The writer writes a keyframe for the first
+pass of every file, after anything it could not write or was told it lost
+(a failed write, a ``Loss`` record), and then whenever the deltas since the
+last keyframe hold ``bytes_ratio`` times that keyframe's bytes, or
+``every`` passes have gone by. The byte rule keeps keyframes at most
+1 / (1 + ``bytes_ratio``) of the pass bytes whatever the queue length; the
+count rule bounds how many deltas a reader applies to reach any pass.
+
+Every pass is fewer than ``MAX_KEYFRAME_INTERVAL`` passes after its
+keyframe: the reader refuses a file that says otherwise.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from itertools import islice
+from typing import Final
+
+import msgspec
+
+from schedtrace.tracer.contract.codec import encode_into
+from schedtrace.tracer.contract.delta import Differ
+from schedtrace.tracer.contract.schema import Pass
+
+MAX_KEYFRAME_INTERVAL: Final = 1024  # a pass is at most this many - 1 deltas after its keyframe
+DEFAULT_BYTES_RATIO: Final = 2.0
+
+
+class KeyframePolicy(msgspec.Struct, frozen=True):
+    every: int = MAX_KEYFRAME_INTERVAL  # passes from one keyframe to the next, at most
+    bytes_ratio: float = DEFAULT_BYTES_RATIO  # delta bytes since a keyframe, in units of its size, before the next
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.every <= MAX_KEYFRAME_INTERVAL:
+            raise ValueError(f"keyframe interval {self.every} outside 1..{MAX_KEYFRAME_INTERVAL}")
+
+
+class PassEncoder:
+    """The writer's pass encoding in v2: a keyframe or a delta against the pass written before."""
+
+    def __init__(self, policy: KeyframePolicy | None = None) -> None:
+        self.policy = policy or KeyframePolicy()
+        self._differ = Differ()
+        self._deltas = 0  # written since the last keyframe
+        self._delta_bytes = 0
+        self._keyframe_bytes = 0
+
+    def reset(self) -> None:
+        """The next pass is a keyframe (what came before may not be in the file)."""
+        self._differ.reset()
+
+    def encode_into(self, p: Pass, buffer: bytearray) -> bool:
+        """Append ``p`` to ``buffer``; True if it went as a keyframe."""
+        before = len(buffer)
+        previous = self._differ.previous
+        keyframe = (previous is None or p.seq != previous.seq + 1 or self._deltas + 1 >= self.policy.every
+                    or self._delta_bytes >= self.policy.bytes_ratio * self._keyframe_bytes)
+        encode_into(p if keyframe else self._differ.diff(p), buffer)
+        size = len(buffer) - before
+        if keyframe:
+            self._deltas, self._delta_bytes, self._keyframe_bytes = 0, 0, size
+        else:
+            self._deltas += 1
+            self._delta_bytes += size
+        self._differ.keep(p)
+        return keyframe
+
+
+def keyframe_problem(keyframes: array, passes: int) -> str | None:
+    """What is wrong with a keyframe index (pass numbers) of a file of ``passes`` passes, or None."""
+    if not keyframes:
+        return "no keyframe index" if passes else None
+    if keyframes[0] != 0:
+        return f"the first pass is not a keyframe (the first keyframe is pass {keyframes[0]})"
+    if keyframes[-1] >= passes:
+        return f"keyframe {keyframes[-1]} is past the last pass ({passes - 1})"
+    steps = list(map(operator.sub, islice(keyframes, 1, None), keyframes))
+    if steps and min(steps) <= 0:
+        return "keyframes out of order or repeated"
+    if max(steps, default=0) > MAX_KEYFRAME_INTERVAL or passes - keyframes[-1] > MAX_KEYFRAME_INTERVAL:
+        return f"keyframes more than {MAX_KEYFRAME_INTERVAL} passes apart"
+    return None

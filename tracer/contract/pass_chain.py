@@ -1,0 +1,261 @@
+"""A trace's passes by number: the pass index, and in v2 the keyframes and the deltas between them.
+
+Index entry ``n`` is the pass whose ``seq`` is ``header.first_pass + n``
+(the footer's index, checked, or one walk of the readable data). In v1
+every pass record is whole. In v2 a pass between keyframes is a delta
+(delta.py): ``pass_at(n)`` decodes the nearest keyframe at or before ``n``
+and applies the deltas after it, or steps on from the pass it rebuilt last
+(so reading passes in order applies each delta once).
+
+A pass whose keyframe, or any pass between, lies in a gap cannot be rebuilt:
+it is lost with the gap (``TraceDamagedError``) though its bytes are good,
+up to the next keyframe, where reading resumes. ``Gap.orphans`` counts them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from schedtrace.tracer.contract.codec import PASS_TAGS, peek_tag
+from schedtrace.tracer.contract.delta import DeltaError, rebuild
+from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
+from schedtrace.tracer.contract.framing import Gap
+from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
+from schedtrace.tracer.contract.pass_index import number_passes
+from schedtrace.tracer.contract.schema import Pass, PassDelta, Record
+from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
+
+if TYPE_CHECKING:
+    from schedtrace.tracer.contract.reader import TraceReader
+
+MIN_ROW_BYTES: Final = 6  # no request row encodes shorter: a rebuilt list is as long as a record could hold
+
+
+class PassChain:
+    """The reader's passes by number (part of ``TraceReader``: it reads through the reader's internals)."""
+
+    def __init__(self, reader: TraceReader, offsets: array | None, keyframes: array | None) -> None:
+        self._reader = reader
+        self._path = reader.path
+        self._deltas = reader.header.schema_version >= 2
+        self._offsets = offsets  # None: not indexed yet (a file without a usable footer)
+        self._keyframes = keyframes  # v2: pass numbers written whole; None in v1 (every pass is)
+        self._first_checked = False
+        self._last: tuple[int, Pass] | None = None  # the pass rebuilt last, to step on from
+        self._lost: tuple[list[int], list[int], list[Gap]] | None = None
+        self.max_rows = reader.max_record_bytes // MIN_ROW_BYTES
+
+    # --- the index ---
+
+    @property
+    def footer_offsets(self) -> array | None:
+        """The index the footer gave, not yet checked against the passes (None: no footer)."""
+        return self._offsets
+
+    @property
+    def offsets(self) -> array:
+        if self._offsets is None:
+            self._offsets, keyframes = self._scan()
+            self._keyframes = keyframes if self._deltas else None
+            self._first_checked = True
+        elif not self._first_checked:
+            self._check_first_pass()
+        return self._offsets
+
+    def number_of(self, offset: int) -> int:
+        """The pass number of the pass record at ``offset``."""
+        offsets = self.offsets
+        n = bisect_left(offsets, offset)
+        if n == len(offsets) or offsets[n] != offset:
+            raise TraceFormatError(self._path, offset, "a pass record the pass index does not list")
+        return n
+
+    # --- passes by number ---
+
+    def pass_at(self, n: int) -> Pass:
+        offsets = self.offsets
+        if not 0 <= n < len(offsets):
+            raise IndexError(f"pass {n} out of range (trace has {len(offsets)})")
+        keyframes = self._keyframes
+        if keyframes is None:
+            return self._numbered(n, self._whole(n))
+        last = self._last
+        if last is not None and last[0] == n:
+            return last[1]
+        at = bisect_right(keyframes, n) - 1
+        if at < 0:
+            gap = self._lost_between(0, n)  # the first keyframe was lost
+            if gap is not None:
+                raise TraceDamagedError(self._path, gap)
+            raise TraceFormatError(self._path, offsets[n], f"pass {n} has no keyframe before it")
+        k = keyframes[at]
+        if n - k >= MAX_KEYFRAME_INTERVAL:
+            raise TraceFormatError(self._path, offsets[n], f"pass {n} is {n - k} passes after its keyframe "
+                                   f"(at most {MAX_KEYFRAME_INTERVAL - 1})")
+        i, p = last if last is not None and k <= last[0] < n else (k, None)
+        gap = self._lost_between(i, n)
+        if gap is not None:
+            raise TraceDamagedError(self._path, gap)
+        if p is None:
+            p = self._whole(k)
+            if type(p) is not Pass:
+                raise TraceFormatError(self._path, offsets[k], f"keyframe {k} is not a whole pass record")
+            p = self._numbered(k, p)
+        for i in range(i + 1, n + 1):
+            p = self._numbered(i, self._after(p, i))
+        self._last = (n, p)
+        return p
+
+    def _whole(self, n: int) -> Record | None:
+        return self._reader._raw_record_at(self._offsets[n])
+
+    def _after(self, p: Pass, i: int) -> Pass:
+        """Pass ``i``, which follows ``p``."""
+        offset = self._offsets[i]
+        record = self._reader._raw_record_at(offset)
+        if type(record) is PassDelta:
+            return self.applied(p, record, offset)
+        return record  # a whole pass needs nothing before it (anything else fails _numbered)
+
+    def applied(self, p: Pass, delta: PassDelta, offset: int) -> Pass:
+        if delta.seq != p.seq + 1:
+            raise TraceFormatError(self._path, offset, f"delta pass {delta.seq} does not follow pass {p.seq}")
+        try:
+            return rebuild(p, delta, self.max_rows)
+        except DeltaError as exc:
+            raise TraceFormatError(self._path, offset, f"bad delta pass {delta.seq}: {exc}") from None
+
+    def _numbered(self, n: int, record: Record | None) -> Pass:
+        offset = self._offsets[n]
+        if not isinstance(record, Pass):
+            raise TraceFormatError(self._path, offset, f"index entry {n} does not point at a pass record")
+        first = self._reader.header.first_pass
+        if record.seq != first + n:
+            raise TraceFormatError(self._path, offset, f"index entry {n} points at pass {record.seq}, "
+                                   f"expected {first + n}")
+        return record
+
+    # --- streams (TraceReader.records) ---
+
+    def resolve(self, stream: Iterator[tuple[int, Record]]) -> Iterator[tuple[int, Record]]:
+        """``stream`` with every delta rebuilt; past a gap (``skip_damaged``) its orphans are left out."""
+        if not self._deltas:
+            yield from stream
+            return
+        base: Pass | None = None  # what the next delta applies to (None past a gap: wait for a keyframe)
+        base_at = -1
+        started = False
+        for offset, record in stream:
+            kind = type(record)
+            if kind is PassDelta:
+                if not started:  # the stream starts after the pass this delta is against
+                    started, base, base_at = True, self._before(offset), offset
+                if base is not None and record.seq != base.seq + 1 and self._gap_after(base_at, offset):
+                    base = None  # skipping damage: its chain crosses a gap
+                if base is None:
+                    continue
+                record = base = self.applied(base, record, offset)
+                base_at = offset
+            elif kind is Pass:
+                started, base, base_at = True, record, offset
+            yield offset, record
+
+    def _before(self, offset: int) -> Pass | None:
+        n = self.number_of(offset)
+        if n == 0:
+            raise TraceFormatError(self._path, offset, "the first pass record is a delta (it has no keyframe)")
+        try:
+            return self.pass_at(n - 1)
+        except TraceDamagedError:
+            if self._reader.skip_damaged:
+                return None
+            raise
+
+    # --- what gaps cost ---
+
+    def _gap_after(self, start: int, end: int) -> bool:
+        """Whether a gap starts between the two offsets (only when reading on past gaps)."""
+        gaps = self._reader._integrity().gaps
+        at = bisect_left(gaps, start, key=lambda gap: gap.start)
+        return at < len(gaps) and gaps[at].start < end
+
+    def _lost_between(self, first: int, last: int) -> Gap | None:
+        """The gap holding a pass numbered ``first``..``last``, if one does."""
+        if self._lost is None:
+            self._lost = self._lost_ranges()
+        starts, stops, gaps = self._lost
+        at = bisect_left(stops, first)
+        return gaps[at] if at < len(gaps) and starts[at] <= last else None
+
+    def _lost_ranges(self) -> tuple[list[int], list[int], list[Gap]]:
+        """Per gap that holds passes: the first pass number in it and the one after (ascending)."""
+        offsets = self._offsets
+        starts, stops, held = [], [], []
+        for gap in self._reader._integrity().gaps:
+            start = bisect_left(offsets, gap.start)
+            stop = bisect_left(offsets, max(gap.end, gap.start + 1))
+            if stop > start:
+                starts.append(start)
+                stops.append(stop - 1)
+                held.append(gap)
+        return starts, stops, held
+
+    def with_orphans(self, gaps: list[Gap]) -> list[Gap]:
+        """v2: each gap that holds passes, with the passes after it that cannot be rebuilt (``orphans``)."""
+        if not self._deltas or not gaps:
+            return gaps
+        offsets, out = self.offsets, []
+        keyframes = self._keyframes
+        for gap in gaps:
+            start = bisect_left(offsets, gap.start)
+            stop = bisect_left(offsets, max(gap.end, gap.start + 1))
+            if stop > start:
+                at = bisect_left(keyframes, stop)
+                following = keyframes[at] if at < len(keyframes) else len(offsets)
+                gap = msgspec.structs.replace(gap, orphans=following - stop)
+            out.append(gap)
+        return out
+
+    # --- indexing a file without a footer ---
+
+    def _scan(self) -> tuple[array, array]:
+        """Index an unclosed file: one walk of the readable data, seqs checked as it goes."""
+        reader = self._reader
+        found = reader._integrity()
+        offsets, seqs, whole = array("Q"), array("q"), array("Q")
+        if reader.framed:
+            data = reader._mm
+            for offset, frame_stop in reader._readable_frames(0):
+                head = data[offset : min(frame_stop, offset + PEEK_BYTES)]
+                tag = peek_tag(head)
+                if tag in PASS_TAGS:
+                    if tag == "pass":
+                        whole.append(len(offsets))
+                    note_pass(offset, head, offsets, seqs)
+        else:
+            for _ in reader._regions(0):  # raises at a gap unless skip_damaged
+                pass
+            offsets, seqs = found.pass_offsets, found.pass_seqs
+        return number_passes(self._path, reader.header.first_pass, reader._data_start, offsets, seqs, found.gaps,
+                             whole)
+
+    def _check_first_pass(self) -> None:
+        """The footer's index against the passes: the first readable one must have the header's first_pass."""
+        self._first_checked = True
+        reader = self._reader
+        first = reader.header.first_pass
+        for n, offset in enumerate(self._offsets):
+            if reader._gap_holding(offset) is not None:
+                continue
+            record = reader._raw_record_at(offset)
+            if not isinstance(record, (Pass, PassDelta)):
+                raise TraceFormatError(self._path, offset, f"footer index entry {n} does not point at a pass record")
+            if record.seq != first + n:
+                raise TraceFormatError(self._path, 0, f"header first_pass is {first} but pass record {n} "
+                                       f"(offset {offset}) has seq {record.seq}")
+            return
