@@ -3,8 +3,9 @@
     python -m bench.bench_size [--passes 4000] [--rounds 5]
 
 * Demo load: the sample traces (traces/*.trace, the sandbox under the demo's
-  overload) rewritten as the recorder writes them, one write per 50 ms of
-  records (its flush interval), as framed v1 and as v2: file bytes, bytes
+  overload; the kv-pressure ones are the demo's own load) rewritten as the
+  recorder writes them, one write per 50 ms of records (its flush interval),
+  as framed v1 and as v2, beside the file as shipped: file bytes, bytes
   per hour (the sample's own duration), pass record sizes, and the same
   batches compressed with zstd (per batch, with and without a dictionary
   trained on the first 100 batches), which is what compression would buy on
@@ -118,9 +119,9 @@ def zstd_bytes(payloads: list[bytes]) -> tuple[int, int] | None:
     except ImportError:
         return None
     plain = zstandard.ZstdCompressor(level=3)
-    dictionary = zstandard.train_dictionary(16384, payloads[:100] * (1 if len(payloads) >= 100 else 8))
+    dictionary = zstandard.train_dictionary(16384, payloads[:100])
     trained = zstandard.ZstdCompressor(level=3, dict_data=dictionary)
-    with_dict = sum(len(trained.compress(p)) for p in payloads) + len(dictionary.as_bytes())
+    with_dict = sum(len(trained.compress(p)) for p in payloads) + len(dictionary.as_bytes())  # stored once
     return sum(len(plain.compress(p)) for p in payloads), with_dict
 
 
@@ -134,11 +135,9 @@ def demo_load(folder: Path) -> None:
         n_passes = sum(1 for r in records if type(r).__name__ == "Pass")
         hours = span_ns / 3.6e12
         shipped = sample.stat().st_size
-        with TraceReader(sample) as reader:
-            from schedtrace.tracer.contract.codec import encode
-            shipped_median = statistics.median(len(encode(p)) for p in reader.passes())
-        print(f"{sample.name:28} {'v1 as is':9} {shipped:>10,} {shipped / hours / 1e6:>8.1f} "
-              f"{shipped / n_passes:>7.0f} {shipped_median:>11.0f} {'all':>9}")
+        shipped_passes, shipped_keyframes, _, _ = record_sizes(sample)
+        print(f"{sample.name:28} {f'v{header.schema_version} as is':9} {shipped:>10,} {shipped / hours / 1e6:>8.1f} "
+              f"{shipped / n_passes:>7.0f} {statistics.median(shipped_passes):>11.0f} {len(shipped_keyframes):>9}")
         sizes = {}
         for version in (1, 2):
             path = folder / f"{sample.stem}.v{version}.trace"
@@ -161,14 +160,15 @@ def demo_load(folder: Path) -> None:
 
 
 def backlog(folder: Path, n_passes: int) -> dict[int, dict[int, Path]]:
-    print(f"\nbacklog: synthetic traces of {n_passes:,} passes, the queue kept near 40 and near 1,000")
+    print(f"\nbacklog: synthetic traces of {n_passes:,} passes, the queue kept near 40 and near 1,000 "
+          "(32-character rids, as sglang's)")
     print(f"{'waiting':>8} {'format':7} {'median pass':>11} {'mean pass':>9} {'file B/pass':>11} {'keyframes':>9}")
     paths: dict[int, dict[int, Path]] = {}
     means: dict[tuple[int, int], float] = {}
     for queue in (40, 1000):
         for version in (1, 2):
             path = folder / f"backlog{queue}.v{version}.trace"
-            generate(path, n_passes, seed=5, backlog=queue, version=version)
+            generate(path, n_passes, seed=5, backlog=queue, version=version, rid_digits=31)
             paths.setdefault(queue, {})[version] = path
             passes, keyframes, _, _ = record_sizes(path)
             means[queue, version] = statistics.mean(passes)

@@ -16,6 +16,10 @@ On a hybrid trace every pool evolves (``schedtrace.replay.loop_pools``: the
 SWA side, the mamba state slots), and every step checks that no pool made or
 lost a unit (``LoopState.pool_totals``): a failed check is a model bug and
 raises ``ReplayStateError`` naming the pool and the pass.
+
+With a stock arm, ``run_closed_loop`` also checks that arm against the
+recording (``schedtrace.replay.selfcheck``: first-admission waits, queue
+peak, completion order) into ``ClosedLoop.self_check``.
 """
 
 from __future__ import annotations
@@ -188,7 +192,7 @@ def run_arm(
 
 
 def _check_totals(totals: dict[str, int], state: LoopState, seq: int) -> None:
-    """The self-check: a step moves pool units between free, evictable and requests, nothing more."""
+    """The pool check: a step moves pool units between free, evictable and requests, nothing more."""
     now = state.pool_totals()
     for pool, total in totals.items():
         if now.get(pool) != total:

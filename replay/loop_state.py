@@ -4,20 +4,27 @@ Pure: no sglang, no I/O. A ``LoopState`` is what a recorded ``Pass`` holds
 at entry (queue, running batch, chunked request, the ``batch_is_full`` latch,
 free and evictable KV, free request slots) plus what the loop needs to move
 it forward (each request's KV held and the output length at which it
-finishes). ``to_pass`` turns it into the ``Pass`` the driver decides on;
-``apply_decision`` applies one ``Decision`` and one forward step:
+finishes). ``to_pass`` (``schedtrace.replay.loop_pass``) turns it into the
+``Pass`` the driver decides on; ``apply_decision`` applies one ``Decision``
+and one forward step, as ``Scheduler.get_next_batch_to_run`` picks it:
 
-* admission allocates the page-rounded extend (evicting when free runs out)
-  and takes a request slot; a cached prefix leaves the evictable count;
+* admission (``schedtrace.replay.loop_admit``) allocates the page-rounded
+  extend (evicting when free runs out) and takes a request slot; a cached
+  prefix leaves the evictable count, a prefix shared with a running request
+  is not allocated again;
 * the continuing chunk and a new chunk advance the chunked request; a
   request whose prefill completes produces its first token and runs; so
   does an unfinished new chunk the scheduler does not track (a second new
   chunk in one pass): sglang commits its output on part of its prompt;
-* every request running at pass entry decodes one token (page growth);
-  when that does not fit, requests are retracted in sglang's order;
+* the step's forward is the prefill batch when the pass built one (the
+  running batch then decodes nothing, unless mixed chunk mixes it in), else
+  the decode: every running request grows one token (page growth); when
+  that does not fit, requests are retracted in sglang's order;
 * a request that reaches its recorded output length finishes: its KV
   becomes evictable (free without a radix cache), its slot frees, and the
-  running batch shrinking clears ``batch_is_full`` as sglang does.
+  running batch shrinking clears ``batch_is_full`` as sglang does. Under the
+  overlap scheduler that happens one step later, and each pass sees the
+  outputs of the step before it one short (``LoopReq.inflight``).
 
 A pass that raised, or whose allocation cannot be met, admits nothing
 (the real allocator would have failed it); decode still runs.

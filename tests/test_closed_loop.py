@@ -7,11 +7,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from schedtrace.replay.closed_loop import PassClock, load_input, run_arms, run_closed_loop
+from pathlib import Path
+
+from schedtrace.replay.closed_loop import PassClock, load_input, run_arms, run_closed_loop, scan_trace
 from schedtrace.tracer.contract.report import ClosedLoop
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
-from schedtrace.tracer.contract.schema import Arrival, Finish, Idle, KvSnapshot
+from schedtrace.tracer.contract.schema import Arrival, Candidate, Finish, Idle, KvSnapshot, RunningReq, WaitingReq
 
 from loop_traces import (
     FIRST_RUNNING_FINISH,
@@ -20,6 +22,8 @@ from loop_traces import (
     one_chunk_reproduction,
 )
 from repro_traces import header, make_pass
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------- latch
@@ -218,3 +222,48 @@ def test_the_report_holds_each_arms_own_run_and_the_longest_pass_count(tmp_path)
     report = run_closed_loop(trace, ["stock", "fixed"])
     assert report.arms == {arm: run.outcome for arm, run in runs.items()}
     assert report.passes == max(run.outcome.passes for run in runs.values())
+
+
+# ----------------------------------------------------- inputs from the recording
+
+
+def test_a_recorded_prefix_match_applies_from_the_pass_that_saw_it(tmp_path):
+    """The latch holds "queued" until pass 40; the recording saw its 1500-token match
+    (all of it evictable) at pass 5, so the real code admits only the other 500 tokens."""
+    queued = WaitingReq("queued", 2000, 0, 20, 0, None, True)
+    running = [RunningReq(f"run-{k}", 3000, 100, 140 + 10 * k, True) for k in range(3)]
+    kv = KvSnapshot(available=30000, evictable=2000)
+
+    def latched(n: int, **fields):
+        return make_pass(n, t_ns=n * MS, waiting=[queued], batch_is_full_in=True, batch_is_full_out=True,
+                         running=[msgspec.structs.replace(r, output_len=r.output_len + n) for r in running],
+                         kv=kv, req_slots_free=10, **fields)
+
+    seen = Candidate(rid="queued", prefix_len=1500, extend_len=0, result="OTHER", locked_evictable=1500)
+    passes = [latched(n, candidates=[seen] if n == 5 else []) for n in range(10)]
+    events = [Arrival(t_ns=0, rid="queued", input_len=2000, max_new_tokens=20, ignore_eos=True),
+              *(Finish(t_ns=500 * MS, rid=r.rid, output_len=r.max_new_tokens, reason="length") for r in running),
+              Finish(t_ns=600 * MS, rid="queued", output_len=20, reason="length")]
+    trace = write_trace(tmp_path / "match.trace", header(), [events[0], *passes, *events[1:]])
+    with TraceReader(trace) as reader:
+        loop = load_input(reader, 0)
+    assert loop.matches == [(5, "queued", 1500, 1500)] and loop.initial.waiting[0].prefix_len == 0
+    run = run_arms(trace, ["stock"], loop=loop)["stock"]
+    admitted = [d.admitted for d in run.decisions if d.admitted]
+    assert admitted[0] == [("queued", 500)]
+    assert run.passes[5].waiting[0].prefix_len == 1500 and run.passes[4].waiting[0].prefix_len == 0
+    assert run.passes[5].candidates[0].locked_evictable == 1500  # what locking it takes, for the driver
+    assert run.outcome.completed == 4 and run.outcome.first_admission_passes["queued"] == FIRST_RUNNING_FINISH
+
+
+def test_overlap_scheduling_is_read_from_the_recording(tmp_path):
+    """A running request without its first output is one whose prefill result is not processed
+    yet: only sglang's overlap loop shows that. The sample traces were recorded with it."""
+    fresh = [RunningReq("new", 100, 0, 10, True)]
+    for running, overlap in (([], False), ([RunningReq("old", 100, 3, 10, True)], False), (fresh, True)):
+        trace = write_trace(tmp_path / "o.trace", header(), [make_pass(0), make_pass(1, running=running)])
+        with TraceReader(trace) as reader:
+            assert scan_trace(reader).overlap is overlap
+            assert load_input(reader, 0).overlap is overlap
+    with TraceReader(REPO / "traces" / "kv-pressure-fcfs.trace") as reader:
+        assert scan_trace(reader).overlap is True

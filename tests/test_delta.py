@@ -16,10 +16,10 @@ import msgspec
 import pytest
 
 from schedtrace.tracer.contract import builders
-from schedtrace.tracer.contract.codec import encode, offsets_from_bytes, peek_tag
+from schedtrace.tracer.contract.codec import offsets_from_bytes, peek_tag
 from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.delta import COPIED, RUNNING_FIELDS, Differ, rebuild
-from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
+from schedtrace.tracer.contract.errors import TraceDamagedError
 from schedtrace.tracer.contract.format import FileOps, TraceReader, TraceWriter
 from schedtrace.tracer.contract.frames import frame_end
 from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL, KeyframePolicy
@@ -42,6 +42,7 @@ from schedtrace.tracer.contract.schema import (
 from schedtrace.tracer.contract.traceset import open_traceset
 
 SAMPLES = sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.trace"))
+FCFS_SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-fcfs.trace"  # a v1 recording
 
 
 # --- a scheduler-like stream of passes ------------------------------------------------------------
@@ -137,6 +138,8 @@ class Model:
                 self.chunked = None
             else:
                 self.chunked = msgspec.structs.replace(self.chunked, prefix_len=done)
+                if rng.random() < 0.1:  # a field other than the progress changes too
+                    self.chunked = msgspec.structs.replace(self.chunked, output_len=self.chunked.output_len + 1)
         elif self.waiting and rng.random() < 0.1:
             w = self.waiting.pop(0)
             self.chunked = ChunkedReq(w.rid, w.input_len + 5000, 0, w.max_new_tokens, w.output_len, w.ignore_eos)
@@ -191,26 +194,32 @@ def test_a_delta_carries_every_field_of_a_pass() -> None:
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
 def test_every_sample_pass_converted_to_v2_reads_back_field_for_field(sample: Path, tmp_path: Path) -> None:
-    out = tmp_path / "v2.trace"
-    done = convert_trace(sample, out)
-    with TraceReader(sample) as v1, TraceReader(out) as v2:
-        assert v2.header.schema_version == 2 and v1.header.schema_version == 1
-        assert msgspec.structs.replace(v2.header, schema_version=1) == v1.header
-        originals = list(v1.passes())
-        assert list(v2.passes()) == originals
-        assert [r for _, r in v2.records()][1:] == [r for _, r in v1.records()][1:]
-        assert v2.footer.counts == v1.footer.counts and v2.closed_cleanly
+    v1, v2 = tmp_path / "v1.trace", tmp_path / "v2.trace"
+    with TraceReader(sample) as source:
+        recorded = source.header.schema_version
+    if recorded == 1:
+        v1 = sample
+    else:  # a sample the v2 recorder wrote: its v1 form first
+        convert_trace(sample, v1, version=1)
+    done = convert_trace(v1, v2)
+    with TraceReader(v1) as whole, TraceReader(v2) as deltas, TraceReader(sample) as source:
+        assert deltas.header.schema_version == 2 and whole.header.schema_version == 1
+        assert msgspec.structs.replace(deltas.header, schema_version=1) == whole.header
+        originals = list(whole.passes())
+        assert list(deltas.passes()) == originals == list(source.passes())
+        assert [r for _, r in deltas.records()][1:] == [r for _, r in whole.records()][1:]
+        assert deltas.footer.counts == whole.footer.counts and deltas.closed_cleanly
         assert done.passes == len(originals) and 0 < done.keyframes < len(originals)
-        assert done.dest_bytes * 5 < done.source_bytes
-    assert stored_tags(out).count("delta") == len(originals) - done.keyframes
+        assert done.dest_bytes < whole.file_size
+    assert stored_tags(v2).count("delta") == len(originals) - done.keyframes
 
 
 def test_convert_back_to_v1_gives_whole_passes(tmp_path: Path) -> None:
     v2, v1 = tmp_path / "v2.trace", tmp_path / "v1.trace"
-    convert_trace(SAMPLES[0], v2)
+    convert_trace(FCFS_SAMPLE, v2)
     convert_trace(v2, v1, version=1)
     assert set(stored_tags(v1)) == {"pass"}
-    with TraceReader(SAMPLES[0]) as source, TraceReader(v1) as back:
+    with TraceReader(FCFS_SAMPLE) as source, TraceReader(v1) as back:
         assert back.header.schema_version == 1 and list(back.passes()) == list(source.passes())
 
 
@@ -404,84 +413,3 @@ def test_version_1_writes_every_pass_whole_and_stock_msgpack_reads_every_v2_reco
                                                                                    None, False, KvSnapshot(0, 0), 0,
                                                                                    0.0, None, [], [], None, None,
                                                                                    False)])
-
-
-# --- hostile v2 input -----------------------------------------------------------------------------------
-
-
-def with_appended(tmp_path: Path, tail: list[bytes], passes: int = 3) -> tuple[Path, int]:
-    """An unclosed v2 trace of ``passes`` passes with raw records appended (no checksum covers them)."""
-    path = tmp_path / "t.trace"
-    write_v2(path, passes_of(generated(passes, seed=12)), close=False)
-    offset = path.stat().st_size
-    with open(path, "ab") as f:
-        for raw in tail:
-            f.write(raw)
-    return path, offset
-
-
-def a_delta(seq: int, **fields) -> bytes:
-    base = dict(seq=seq, dt_ns=1, dur_ns=1, repeat=1, idle_before=0, waiting_runs=[], waiting_new=[],
-                running_runs=[], running_new=[], running_step=0, chunked=None, batch_is_full_in=False,
-                kv=KvSnapshot(0, 0), req_slots_free=0, new_token_ratio=0.0, chunked_prefill_size=None,
-                candidates=[], admitted=[], chunk=None, new_chunked_rid=None, batch_is_full_out=False)
-    return encode(PassDelta(**(base | fields)))
-
-
-@pytest.mark.parametrize("fields, reason", [
-    ({"waiting_runs": [0, 10**9]}, "copies rows"),
-    ({"waiting_runs": [0]}, "pairs"),
-    ({"waiting_runs": [-1, 2]}, "new rows"),
-    ({"running_runs": [0, 0]}, "count 0"),
-    ({"waiting_new": [WaitingReq("x", 1, 0, 1, 0)]}, "unused"),
-    ({"chunked": 5}, "had none"),
-])
-def test_a_delta_that_does_not_apply_is_a_format_error_naming_its_offset(tmp_path: Path, fields: dict,
-                                                                          reason: str) -> None:
-    path, offset = with_appended(tmp_path, [a_delta(3, **fields)])
-    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match=reason) as caught:
-        list(reader.records())
-    assert caught.value.offset == offset and str(path) in str(caught.value)
-
-
-def test_rebuilt_lists_are_bounded_by_the_record_limit(tmp_path: Path) -> None:
-    # each delta doubles the queue from a 3-row keyframe: a few bytes that would grow without bound
-    rows = [WaitingReq(f"r{i}", 1, 0, 1, 0) for i in range(3)]
-    path = tmp_path / "t.trace"
-    write_v2(path, [builders.pass_record(0, waiting=rows)], close=False)
-    size, tail = 3, []
-    for seq in range(1, 40):
-        tail.append(a_delta(seq, waiting_runs=[0, size, 0, size]))
-        size *= 2
-    with open(path, "ab") as f:
-        f.write(b"".join(tail))
-    with TraceReader(path, max_record_bytes=1 << 20) as reader, pytest.raises(TraceFormatError, match="grows past"):
-        list(reader.records())
-
-
-def test_a_delta_chain_longer_than_the_limit_is_refused(tmp_path: Path) -> None:
-    path, _ = with_appended(tmp_path, [a_delta(seq) for seq in range(3, MAX_KEYFRAME_INTERVAL + 3)], passes=3)
-    with TraceReader(path) as reader:
-        assert reader.pass_count == MAX_KEYFRAME_INTERVAL + 3
-        with pytest.raises(TraceFormatError, match="after its keyframe"):
-            reader.pass_at(MAX_KEYFRAME_INTERVAL + 2)
-
-
-def test_a_delta_in_a_v1_trace_and_a_bad_keyframe_index_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "v1.trace"
-    writer = TraceWriter(path, builders.header(), version=1, fsync_every_s=None)
-    writer.write_many([builders.pass_record(0)])
-    writer.abandon()
-    with open(path, "ab") as f:
-        f.write(a_delta(1))
-    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="delta pass record in a v1 trace"):
-        list(reader.records())
-    bad = tmp_path / "v2.trace"
-    writer = TraceWriter(bad, builders.header(), fsync_every_s=None)
-    writer.write_many(passes_of(generated(20, seed=13)))
-    writer.keyframes.append(25)  # an index entry past the last pass
-    writer.close(1)
-    with pytest.raises(TraceFormatError, match="footer keyframe index"):
-        TraceReader(bad)
-    with TraceReader(bad, skip_damaged=True) as reader:  # read as not closed: the scan finds the keyframes
-        assert list(reader.passes()) == passes_of(generated(20, seed=13))

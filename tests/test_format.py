@@ -12,12 +12,14 @@ import struct
 from pathlib import Path
 
 import msgpack
+import msgspec
 import pytest
 
 from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter, encode, write_trace
 from schedtrace.tracer.contract.builders import header, pass_record
-from schedtrace.tracer.contract.schema import Arrival, KvSnapshot, Pass
+from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
+from schedtrace.tracer.contract.schema import Arrival, KvSnapshot, Pass, PassDelta, WaitingReq
 
 
 def a_pass(seq: int) -> Pass:
@@ -154,3 +156,88 @@ def test_unknown_record_is_skipped_and_counted(tmp_path: Path, framed: bool) -> 
         assert reader.pass_count == 2
         list(reader.records())
         assert reader.unknown_records == {"from_the_future": 1}
+
+
+# --- hostile v2 input -----------------------------------------------------------------------------------
+
+
+def with_appended(tmp_path: Path, tail: list[bytes], passes: int = 3) -> tuple[Path, int]:
+    """An unclosed v2 trace of ``passes`` passes with raw records appended (no checksum covers them)."""
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, header())
+    writer.write_many([a_pass(i) for i in range(passes)])
+    writer.abandon()
+    offset = path.stat().st_size
+    with open(path, "ab") as f:
+        for raw in tail:
+            f.write(raw)
+    return path, offset
+
+
+def a_delta(seq: int, **fields) -> bytes:
+    base = dict(seq=seq, dt_ns=1, dur_ns=1, repeat=1, idle_before=0, waiting_runs=[], waiting_new=[],
+                running_runs=[], running_new=[], running_step=0, chunked=None, batch_is_full_in=False,
+                kv=KvSnapshot(0, 0), req_slots_free=0, new_token_ratio=0.0, chunked_prefill_size=None,
+                candidates=[], admitted=[], chunk=None, new_chunked_rid=None, batch_is_full_out=False)
+    return encode(PassDelta(**(base | fields)))
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"waiting_runs": [0, 10**9]}, "copies rows"),
+    ({"waiting_runs": [0]}, "pairs"),
+    ({"waiting_runs": [-1, 2]}, "new rows"),
+    ({"running_runs": [0, 0]}, "count 0"),
+    ({"waiting_new": [WaitingReq("x", 1, 0, 1, 0)]}, "unused"),
+    ({"chunked": 5}, "had none"),
+])
+def test_a_delta_that_does_not_apply_is_a_format_error_naming_its_offset(tmp_path: Path, fields: dict,
+                                                                          reason: str) -> None:
+    path, offset = with_appended(tmp_path, [a_delta(3, **fields)])
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match=reason) as caught:
+        list(reader.records())
+    assert caught.value.offset == offset and str(path) in str(caught.value)
+
+
+def test_rebuilt_lists_are_bounded_by_the_record_limit(tmp_path: Path) -> None:
+    # each delta doubles the queue from a 3-row keyframe: a few bytes that would grow without bound
+    rows = [WaitingReq(f"r{i}", 1, 0, 1, 0) for i in range(3)]
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, header())
+    writer.write(msgspec.structs.replace(a_pass(0), waiting=rows))
+    writer.abandon()
+    size, tail = 3, []
+    for seq in range(1, 40):
+        tail.append(a_delta(seq, waiting_runs=[0, size, 0, size]))
+        size *= 2
+    with open(path, "ab") as f:
+        f.write(b"".join(tail))
+    with TraceReader(path, max_record_bytes=1 << 20) as reader, pytest.raises(TraceFormatError, match="grows past"):
+        list(reader.records())
+
+
+def test_a_delta_chain_longer_than_the_limit_is_refused(tmp_path: Path) -> None:
+    path, _ = with_appended(tmp_path, [a_delta(seq) for seq in range(3, MAX_KEYFRAME_INTERVAL + 3)], passes=3)
+    with TraceReader(path) as reader:
+        assert reader.pass_count == MAX_KEYFRAME_INTERVAL + 3
+        with pytest.raises(TraceFormatError, match="after its keyframe"):
+            reader.pass_at(MAX_KEYFRAME_INTERVAL + 2)
+
+
+def test_a_delta_in_a_v1_trace_and_a_bad_keyframe_index_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "v1.trace"
+    writer = TraceWriter(path, header(), version=1)
+    writer.write_many([a_pass(0)])
+    writer.abandon()
+    with open(path, "ab") as f:
+        f.write(a_delta(1))
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="delta pass record in a v1 trace"):
+        list(reader.records())
+    bad = tmp_path / "v2.trace"
+    writer = TraceWriter(bad, header())
+    writer.write_many([a_pass(i) for i in range(20)])
+    writer.keyframes.append(25)  # an index entry past the last pass
+    writer.close(1)
+    with pytest.raises(TraceFormatError, match="footer keyframe index"):
+        TraceReader(bad)
+    with TraceReader(bad, skip_damaged=True) as reader:  # read as not closed: the scan finds the keyframes
+        assert list(reader.passes()) == [a_pass(i) for i in range(20)]

@@ -1,6 +1,6 @@
 """Fuzzing the reader's contract (issue 12): seeded, deterministic, bounded to about 20 s.
 
-Bases: the two v1 sample traces (traces/*.trace); the first sample's records
+Bases: the two v1 sample traces (traces/kv-pressure-*.trace); the first one's records
 written framed in writer-thread-sized batches as v1 (every pass whole) and
 as v2 (keyframes and deltas, the writer's default), closed and not closed; a
 synthetic v2 trace written in large batches; a v1 trace that was not closed. Each case applies one mutation to a copy: a truncation, flipped
@@ -47,7 +47,8 @@ from schedtrace.tracer.contract.schema import Pass
 from schedtrace.tracer.contract.synthetic import generate
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = sorted((ROOT / "traces").glob("*.trace"))
+FCFS = ROOT / "traces" / "kv-pressure-fcfs.trace"  # v1 samples: the fuzz sources
+LPM = ROOT / "traces" / "kv-pressure-lpm-24k.trace"
 CASES_PER_BASE = int(os.environ.get("FUZZ_CASES", "40"))  # more for a longer hunt: FUZZ_CASES=2000
 SEED = os.environ.get("FUZZ_SEED", "")  # another seed, another set of cases
 MAX_RECORD = 4 << 20  # the reader's record limit in these cases
@@ -113,13 +114,13 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> list[Base]:
     synthetic = folder / "synthetic.trace"
     generate(synthetic, 1500, seed=11)
     made = [
-        ("fcfs-v1", SAMPLES[0]),
-        ("lpm-v1", SAMPLES[1]),
-        ("fcfs-framed-v1", write_copy(SAMPLES[0], folder / "f1.trace", framed=True, batch=64, close=True, version=1)),
-        ("fcfs-v2", write_copy(SAMPLES[0], folder / "ff.trace", framed=True, batch=64, close=True)),
-        ("fcfs-v2-unclosed", write_copy(SAMPLES[0], folder / "fu.trace", framed=True, batch=64, close=False)),
+        ("fcfs-v1", FCFS),
+        ("lpm-v1", LPM),
+        ("fcfs-framed-v1", write_copy(FCFS, folder / "f1.trace", framed=True, batch=64, close=True, version=1)),
+        ("fcfs-v2", write_copy(FCFS, folder / "ff.trace", framed=True, batch=64, close=True)),
+        ("fcfs-v2-unclosed", write_copy(FCFS, folder / "fu.trace", framed=True, batch=64, close=False)),
         ("synthetic-v2", synthetic),
-        ("lpm-v1-unclosed", write_copy(SAMPLES[1], folder / "lu.trace", framed=False, batch=64, close=False,
+        ("lpm-v1-unclosed", write_copy(LPM, folder / "lu.trace", framed=False, batch=64, close=False,
                                        upto=1500)),
     ]
     return [load_base(name, path) for name, path in made]
@@ -333,7 +334,7 @@ def test_fuzz_the_reader_contract(bases: list[Base], tmp_path: Path) -> None:
 def test_fuzz_every_cut_of_a_small_trace(tmp_path: Path, framed: bool) -> None:
     """Truncation at every byte of the header and its marker, and around every record and batch boundary:
     the whole records before the cut read back, nothing else, and no error unless the header is cut."""
-    source = write_copy(SAMPLES[0], tmp_path / "small.trace", framed=framed, batch=5, close=True, upto=60)
+    source = write_copy(FCFS, tmp_path / "small.trace", framed=framed, batch=5, close=True, upto=60)
     base = load_base("small", source)
     path = tmp_path / "cut.trace"
     edges = {edge for offset, (end, _) in base.records.items() for edge in (offset, end)}

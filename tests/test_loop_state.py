@@ -204,3 +204,94 @@ def test_an_untracked_unfinished_chunk_runs_on_part_of_its_prompt():
     assert [r.rid for r in after.running] == ["a"] and after.running[0].output_len == 1
     assert result.truncated == ["a"]
     assert after.free == 1000 - 150 and after.req_slots_free == 2
+
+
+# --------------------------------------------- the forward step of a pass
+
+
+def test_a_prefill_pass_decodes_nothing_unless_mixed_chunk():
+    # Scheduler.get_next_batch_to_run runs the new prefill batch instead of the decode.
+    s = state(waiting=[waiting("a", 100)], running=[running("r")], free=1000)
+    after, _ = step(s, Decision(admitted=[("a", 100)]))
+    assert {r.rid: r.output_len for r in after.running} == {"r": 5, "a": 1}
+    assert after.free == 900
+    mixed, _ = apply_decision(s, Decision(admitted=[("a", 100)]), page_size=1, radix_cache=True, mixed_chunk=True)
+    assert {r.rid: r.output_len for r in mixed.running} == {"r": 6, "a": 1} and mixed.free == 899
+
+
+def test_a_continuing_chunk_is_a_prefill_pass_too():
+    s = state(running=[running("r")], chunked=waiting("c", 300, prefix_len=100))
+    s.chunked.kv_held = s.chunked.kv_tokens = 100
+    after, _ = step(s, Decision(admitted=[("c", 100)], chunk_size=100))
+    assert after.chunked.prefix_len == 200 and after.running[0].output_len == 5
+
+
+def overlap_step(s: LoopState, decision: Decision) -> tuple[LoopState, object]:
+    return apply_decision(s, decision, page_size=1, radix_cache=True, overlap=True)
+
+
+def test_overlap_the_next_pass_sees_a_step_short_and_a_finished_request_leaves_a_step_later():
+    """event_loop_overlap processes a step's results after deciding the next pass."""
+    s = state(waiting=[waiting("a", 100, target=2)])
+    s1, _ = overlap_step(s, Decision(admitted=[("a", 100)]))
+    a = s1.running[0]
+    assert (a.output_len, a.inflight) == (1, 1)
+    assert to_pass(s1, seq=1, t_ns=0, new_token_ratio=0.5, chunked_prefill_size=None).running[0].output_len == 0
+    s2, r2 = overlap_step(s1, Decision(admitted=[]))  # decodes the second and last output
+    assert s2.running[0].output_len == 2 and r2.finished == []  # its result is not processed yet
+    assert to_pass(s2, seq=2, t_ns=0, new_token_ratio=0.5, chunked_prefill_size=None).running[0].output_len == 1
+    s3, r3 = overlap_step(s2, Decision(admitted=[]))
+    assert r3.finished == ["a"] and s3.running == []
+    assert s3.free + s3.evictable == 1000 and s3.evictable == 101  # no extra decode token for it
+    # Without overlap it leaves one step earlier.
+    t1, _ = step(s, Decision(admitted=[("a", 100)]))
+    t2, r = step(t1, Decision(admitted=[]))
+    assert r.finished == ["a"]
+
+
+def test_overlap_a_request_not_in_the_last_batch_shows_every_output():
+    s = state(waiting=[waiting("b", 50)], running=[running("r")])
+    s.running[0].inflight = 1
+    after, _ = overlap_step(s, Decision(admitted=[("b", 50)]))  # a prefill pass: r does not decode
+    r = next(x for x in after.running if x.rid == "r")
+    assert (r.output_len, r.inflight) == (5, 0)
+
+
+# ------------------------------------------------ prefixes shared with running requests
+
+
+def test_a_match_partly_shared_with_a_running_request_allocates_only_the_extend():
+    # 60 of the 80 matched tokens are protected (a running prompt holds them), 20 are evictable.
+    holder = running("h", input_len=400, output_len=2, target=4)
+    w = waiting("w", 100, prefix_len=80)
+    w.prefix_cached = 20
+    s = state(waiting=[w], running=[holder], free=500, evictable=50)
+    after, result = step(s, Decision(admitted=[("w", 20)]))
+    assert not result.failed
+    b = next(r for r in after.running if r.rid == "w")
+    assert (b.lender, b.kv_shared, b.kv_held) == ("h", 60, 40)  # 20 pinned + 20 allocated
+    assert (after.free, after.evictable) == (480, 30)
+    assert after.pool_totals() == s.pool_totals()
+
+
+def test_the_borrower_keeps_the_shared_tokens_when_its_lender_finishes_first():
+    holder = running("h", input_len=400, output_len=3, target=4)
+    w = waiting("w", 100, prefix_len=80, target=50)
+    w.prefix_cached = 0
+    s = state(waiting=[w], running=[holder], free=500)
+    s1, _ = step(s, Decision(admitted=[("w", 20)]))
+    s2, result = step(s1, Decision(admitted=[]))  # h decodes its last output and leaves
+    assert result.finished == ["h"]
+    b = s2.running[0]
+    assert (b.lender, b.kv_shared, b.kv_held) == (None, 0, 80 + 21)  # the 80 shared are its own now
+    assert s2.evictable == 403 - 80  # h cached only what nobody else holds
+    assert s2.pool_totals() == s.pool_totals()
+
+
+def test_a_protected_match_no_running_request_can_hold_is_allocated():
+    w = waiting("w", 100, prefix_len=80)
+    w.prefix_cached = 0
+    s = state(waiting=[w], running=[running("short", input_len=10)], free=500)
+    after, _ = step(s, Decision(admitted=[("w", 20)]))
+    b = next(r for r in after.running if r.rid == "w")
+    assert (b.lender, b.kv_shared, b.kv_held) == (None, 0, 100) and after.free == 400

@@ -12,6 +12,8 @@ from schedtrace.tracer.contract.format import TraceReader
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 SAMPLES = sorted(TRACES.glob("*.trace"))
+# Recorded on the hybrid sandboxes (mamba state slots, SWA): shorter runs of slower forwards.
+HYBRID = {"hybrid-mamba-kimi.trace", "hybrid-swa-gptoss.trace"}
 
 
 def test_there_are_at_least_two_samples_under_five_megabytes() -> None:
@@ -26,9 +28,23 @@ def test_sample_replays_with_full_fidelity(path: Path) -> None:
         assert reader.closed_cleanly and reader.footer.counts["lost"] == 0
         assert reader.header.sglang_version == "0.5.23"
     report = replay_trace(path, "stock", "fixed", jobs=1)
-    assert report.fidelity.total == report.passes > 1000
+    assert report.fidelity.total == report.passes > (200 if path.name in HYBRID else 1000)
     assert report.fidelity.matched == report.fidelity.total, report.fidelity.mismatches[:3]
     assert not report.errors["stock"] and not report.errors["fixed"]
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID))
+def test_hybrid_samples_are_hybrid_and_say_how_each_fix_meets_their_pools(name: str) -> None:
+    with TraceReader(TRACES / name) as reader:
+        header = reader.header
+    assert header.is_hybrid_mamba == ("mamba" in name) and header.is_hybrid_swa == ("swa" in name)
+    report = replay_trace(TRACES / name, "stock", "fixed", jobs=1)
+    assert sorted(report.fix_notes) == ["aiter", "chunk-cap", "latch", "one-chunk"]
+    if header.is_hybrid_swa:
+        assert report.fix_notes["latch"].startswith("already present")
+        assert report.fix_notes["chunk-cap"].startswith("not reached")
+    else:
+        assert all(note.startswith("applies") for note in report.fix_notes.values())
 
 
 def test_lpm_sample_holds_a_real_latch_divergence() -> None:

@@ -64,7 +64,20 @@ def assert_agrees(driver: PassDriver, header: Header, p: Pass) -> Decision:
     return real
 
 
-@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+FULL_POOL_SAMPLES = [p for p in SAMPLES if not p.name.startswith("hybrid-")]
+HYBRID_SAMPLES = [p for p in SAMPLES if p.name.startswith("hybrid-")]
+
+
+@pytest.mark.parametrize("path", HYBRID_SAMPLES, ids=lambda p: p.name)
+def test_on_hybrid_pools_the_rule_says_it_is_an_estimate(path: Path) -> None:
+    """The SWA/mamba budgets are not mirrored yet: every check there says so."""
+    with TraceReader(path) as reader:
+        header = reader.header
+        checks = [head_check(p, header) for p in reader.passes() if p.waiting]
+    assert checks and all(not c.exact and "SWA/mamba budgets not mirrored" in c.estimate for c in checks)
+
+
+@pytest.mark.parametrize("path", FULL_POOL_SAMPLES, ids=lambda p: p.name)
 def test_rule_agrees_with_the_real_fixed_pass_on_every_sample_pass(path: Path) -> None:
     with TraceReader(path) as reader:
         header = reader.header

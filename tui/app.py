@@ -48,7 +48,6 @@ from schedtrace.tui.model.marks import RECORDED, Marks, build_marks
 from schedtrace.tui.model.pass_cache import PassCache
 from schedtrace.tui.model.replay_index import ReplayIndex
 from schedtrace.tui.model.report_match import report_doubts
-from schedtrace.tui.model.rids import short_rid
 from schedtrace.tui.model.rows import ListedPasses
 from schedtrace.tui.model.scan import ScanResult
 from schedtrace.tui.model.why_lines import WhyLines
@@ -366,16 +365,7 @@ class TraceApp(PromptActions, App[None]):
             return
         self.select_pass(target)
         if kind == "stall":
-            self.set_status(self._stall_status(target))
-
-    def _stall_status(self, n: int) -> str:
-        """Which arm's stall the jump landed on (and the other arms' stalls there)."""
-        runs = [run for run in self.marks.stalls_at(n) if run.start == n] or self.marks.stalls_at(n)
-        parts = [run.describe() for run in runs]
-        others = [arm for arm in self.marks.arms if arm not in {run.arm for run in runs}]
-        if others:
-            parts.append(f"{', '.join(others)}: no stall here")
-        return "; ".join(parts)
+            self.set_status(self.marks.stall_status(target))
 
     def action_request(self) -> None:
         rid = self.rid or self._rid_at_selection()
@@ -402,16 +392,6 @@ class TraceApp(PromptActions, App[None]):
             if rows:
                 return rows[0].rid
         return p.chunked.rid if p.chunked else None
-
-    def found_rid(self, rid: str) -> None:
-        """``/`` found ``rid``: go to its first pass and highlight it (prompts.py calls this)."""
-        assert self.scan is not None
-        span = self.scan.rids[rid]
-        self.rid = rid
-        self.select_pass(span.first_pass)
-        self._show_detail()  # the highlight, even when the pass does not change
-        self.set_status(f"request {rid} ({short_rid(rid)}): passes {span.first_pass}–{span.last_pass}; "
-                        "r: its life, f rid: its passes")
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(keys_text(self.help_keys()), legend_text(self.marks.arms or (RECORDED,))))

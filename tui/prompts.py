@@ -54,6 +54,16 @@ class PromptActions:
             return None
         return matches[0]
 
+    def found_rid(self: TraceApp, rid: str) -> None:
+        """``/`` found ``rid``: go to its first pass and highlight it there and wherever it shows."""
+        assert self.scan is not None
+        span = self.scan.rids[rid]
+        self.rid = rid
+        self.select_pass(span.first_pass)
+        self._show_detail()  # the highlight, even when the pass does not change
+        self.set_status(f"request {rid} ({short_rid(rid)}): passes {span.first_pass}–{span.last_pass}; "
+                        "r: its life, f rid: its passes")
+
     def action_find_rid(self: TraceApp) -> None:
         def done(text: str | None) -> None:
             prefix = (text or "").strip()

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "export": "schedtrace.cli.export:export",
     "ranks": "schedtrace.cli.ranks:ranks",
     "repro": "schedtrace.cli.repro:repro",
+    "sweep": "schedtrace.cli.sweep:sweep",
     "convert": "schedtrace.cli.convert:convert",
 }
 

@@ -13,7 +13,6 @@ too many or too few, or a rebuilt list longer than ``max_rows`` is a
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from operator import attrgetter, itemgetter
 from typing import Final
@@ -24,6 +23,7 @@ from schedtrace.tracer.contract.schema import ChunkedReq, Pass, PassDelta, Runni
 
 FRESH: Final = -1  # a run's start: take rows from the delta's own list
 NEAR: Final = 64  # rows past the end of the last run looked at before looking a row up by rid
+STEP_SAMPLE: Final = 5  # running requests whose advance decides the step
 # Pass fields a delta carries as they are (the rest are seq, t_ns and the three request lists).
 COPIED: Final = (
     "dur_ns", "repeat", "idle_before", "batch_is_full_in", "kv", "req_slots_free", "new_token_ratio",
@@ -110,13 +110,19 @@ def _running_key(row: RunningReq, step: int = 0) -> tuple:
 
 
 def _step(old: list[RunningReq], new: list[RunningReq], find: Callable[[str], int]) -> int:
-    """The most common output_len advance over the requests in both batches (one decode step, mostly)."""
-    steps = Counter()
+    """The usual output_len advance of the requests in both batches (one decode step, mostly), from a few.
+
+    Any step is correct (a row that advanced otherwise is written in full); a
+    common one keeps the delta short.
+    """
+    steps: list[int] = []
     for row in new:
         j = find(row.rid)
         if j != FRESH:
-            steps[row.output_len - old[j].output_len] += 1
-    return steps.most_common(1)[0][0] if steps else 0
+            steps.append(row.output_len - old[j].output_len)
+            if len(steps) == STEP_SAMPLE:
+                break
+    return max(steps, key=steps.count) if steps else 0
 
 
 def _chunked(old: ChunkedReq | None, new: ChunkedReq | None) -> ChunkedReq | int | None:
@@ -176,6 +182,8 @@ class Differ:
 
 
 def _rows(old: list, spans: list[int], fresh: list, max_rows: int, what: str, step: int = 0) -> list:
+    if not step and not fresh and len(spans) == 2 and 0 <= spans[0] and 0 < spans[1] <= len(old) - spans[0]:
+        return old[spans[0] : spans[0] + spans[1]]  # one run, the common case (no longer than ``old``)
     if len(spans) % 2:
         raise DeltaError(f"{what} runs are not (start, count) pairs")
     out: list = []

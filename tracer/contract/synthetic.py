@@ -102,6 +102,7 @@ class _Sim:
     stall_every: int = STALL_EVERY
     alloc_fail_every: int = ALLOC_FAIL_EVERY
     backlog: int = BACKLOG
+    rid_digits: int = 7
     waiting: deque[_Req] = field(default_factory=deque)
     running: list[_Req] = field(default_factory=list)
     chunked: _Req | None = None
@@ -121,7 +122,7 @@ class _Sim:
 
     def arrive(self, t_ns: int) -> Arrival:
         req = _Req(
-            rid=f"r{self.next_rid:07d}",
+            rid=f"r{self.next_rid:0{self.rid_digits}d}",
             input_len=self.rng.randint(200, 5000),
             max_new_tokens=self.rng.randint(20, 120),
         )
@@ -267,17 +268,20 @@ def _merge_by_pass(divergences: list[Divergence]) -> list[Divergence]:
 
 
 def generate(path: str | Path, passes: int, *, seed: int = 7, report_path: str | Path | None = None,
-             cut_bytes: int | None = None, backlog: int | None = None, version: int | None = None) -> Report:
+             cut_bytes: int | None = None, backlog: int | None = None, version: int | None = None,
+             rid_digits: int = 7) -> Report:
     """Write ``passes`` passes to ``path``; return (and optionally write) the matching report.
 
     ``cut_bytes``: instead of closing cleanly, cut that many bytes off the
     end, as a recorder killed mid-write leaves the file. ``backlog``: start
     with this many requests waiting and keep the queue near it (default: it
     starts empty and stays under ``BACKLOG``). ``version``: the format to write
-    (``TraceWriter``'s default: the newest).
+    (``TraceWriter``'s default: the newest). ``rid_digits``: rids are ``r`` and
+    this many digits (31: as long as sglang's 32-hex-digit rids).
     """
     sim = _Sim(rng=random.Random(seed), n_passes=passes, stall_every=max(120, min(STALL_EVERY, passes // 4)),
-               alloc_fail_every=max(61, min(ALLOC_FAIL_EVERY, passes // 6)), backlog=backlog or BACKLOG)
+               alloc_fail_every=max(61, min(ALLOC_FAIL_EVERY, passes // 6)), backlog=backlog or BACKLOG,
+               rid_digits=rid_digits)
     writer = TraceWriter(path, make_header(seed), version=version)
     batch: list = [sim.arrive(0) for _ in range(backlog or 0)]
     t_ns = 0

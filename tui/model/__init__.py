@@ -6,9 +6,12 @@ app. Big per-pass data lives in compact ``array``s, never in lists of objects.
 
 One job per module: ``durations`` (time as text), ``rows`` (pass-list rows
 and which passes the list shows), ``pass_cache``, ``header`` (the header
-bar), ``diff`` (decision fields side by side), ``rids`` (the compact rid
-index), ``scan`` (one pass over the whole trace), ``replay_index`` (a report
-by pass number), ``marks`` (events for jumps and marks), ``filters``,
-``lifecycle`` (one request's life), ``pools`` (the KV pools of a pass, the
-hybrid SWA and mamba ones too) and ``series`` (the timeline).
+bar, fitted to one line), ``diff`` (decision fields side by side), ``rids``
+(the compact rid index, found by prefix), ``scan`` (one pass over the whole
+trace), ``latch`` (since which pass ``batch_is_full`` held), ``why_lines``
+(``analysis.why``'s line per pass), ``replay_index`` (a report by pass
+number), ``report_match`` (is the report this trace's?), ``marks`` (events
+for jumps and marks, stalls per arm), ``filters``, ``lifecycle`` (one
+request's life), ``pools`` (the KV pools of a pass, the hybrid SWA and mamba
+ones too) and ``charts`` (the charts' columns over time).
 """

@@ -101,6 +101,15 @@ class Marks:
                 out.append(StallRun(arm, stalls.starts[i], stalls.ends[i]))
         return out
 
+    def stall_status(self, n: int) -> str:
+        """Whose stalls pass ``n`` is in (those starting there first), and which arms have none there."""
+        held = sorted(self.stalls_at(n), key=lambda run: run.start != n)
+        parts = [run.describe() for run in held]
+        others = [arm for arm in self.arms if arm not in {run.arm for run in held}]
+        if others:
+            parts.append(f"{', '.join(others)}: no stall here")
+        return "; ".join(parts)
+
     def stalled_arms(self, n: int) -> tuple[bool, ...]:
         """For each arm in ``arms``: is pass ``n`` inside one of its stalls?"""
         return tuple(stalls.run_at(n) is not None for stalls in self._stalls.values())

@@ -54,8 +54,8 @@ class Chart(Widget, can_focus=True):
     def __init__(self, kind: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.kind = kind  # "kv" or "queue"
-        self._tinted: dict[int, Strip] = {}  # line -> built line with the stall bands, for _tinted_for
-        self._tinted_for: tuple[object, object, int] = (None, None, -1)
+        self._lines: dict[int, Strip] = {}  # line -> the line as built (stall bands, no cursor), for _lines_for
+        self._lines_for: tuple[object, object, int] = (None, None, -1)
 
     @property
     def plot_height(self) -> int:
@@ -118,14 +118,21 @@ class Chart(Widget, can_focus=True):
 
     # --- drawing ---
 
+    def _cached(self, y: int, image: ChartImage, data: ChartData, make) -> Strip:
+        """Line ``y`` as ``make`` draws it, made once per image (the cursor is laid over it when shown)."""
+        key = (image, data, self.size.width)
+        if key != self._lines_for:
+            self._lines_for, self._lines = key, {}
+        strip = self._lines.get(y)
+        if strip is None:
+            strip = self._lines[y] = make()
+        return strip
+
     def _built_line(self, y: int, image: ChartImage, data: ChartData) -> Strip:
         """Plot line ``y`` with the stall bands laid under it, cached per image."""
-        key = (image, data, self.size.width)
-        if key != self._tinted_for:
-            self._tinted_for, self._tinted = key, {}
-        strip = self._tinted.get(y)
-        if strip is not None:
-            return strip
+        return self._cached(y, image, data, lambda: self._banded_line(y, image, data))
+
+    def _banded_line(self, y: int, image: ChartImage, data: ChartData) -> Strip:
         strip = Strip(image.lines[y].render(self.app.console))
         row = y - image.top
         arms = len(data.stalled[0]) if data.stalled else 0
@@ -135,7 +142,6 @@ class Chart(Widget, can_focus=True):
             strip = _tint(strip, image.left + 1, [c[arm] for c in data.stalled], palette.ARM_COLOURS[arm].band)
         elif arms and row in (-1, image.rows):
             strip = self._frame_line(strip, image, data, 0 if row == -1 or arms == 1 else 1)
-        self._tinted[y] = strip
         return strip
 
     def render_line(self, y: int) -> Strip:
@@ -152,7 +158,7 @@ class Chart(Widget, can_focus=True):
             strip = self._built_line(line, image, data)
             over = 0 <= line - image.top < image.rows
         elif line == len(image.lines):
-            strip, over = self._events_line(image, data), True
+            strip, over = self._cached(line, image, data, lambda: self._events_line(image, data)), True
         else:
             return Strip.blank(width)
         strip = strip.extend_cell_length(width)
