@@ -20,6 +20,7 @@ BENCHES = (
     "bench.bench_format",
     "bench.bench_ranks",
     "bench.bench_repro",
+    "bench.bench_size",
 )
 
 

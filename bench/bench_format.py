@@ -59,7 +59,7 @@ def best(rounds: int, run: Callable[[], float]) -> float:
 def write_file(path: Path, header: Header, records: list[Record], batch: int, *, framed: bool,
                fsync_every_s: float | None) -> float:
     start = time.perf_counter()
-    writer = TraceWriter(path, header, framed=framed, fsync_every_s=fsync_every_s)
+    writer = TraceWriter(path, header, framed=framed, version=1, fsync_every_s=fsync_every_s)
     for at in range(0, len(records), batch):
         writer.write_many(records[at : at + batch])
     if fsync_every_s is None:
@@ -70,7 +70,7 @@ def write_file(path: Path, header: Header, records: list[Record], batch: int, *,
 
 
 def closed_file(path: Path, header: Header, records: list[Record], batch: int, framed: bool) -> Path:
-    writer = TraceWriter(path, header, framed=framed, fsync_every_s=None)
+    writer = TraceWriter(path, header, framed=framed, version=1, fsync_every_s=None)
     for at in range(0, len(records), batch):
         writer.write_many(records[at : at + batch])
     writer.close(1)

@@ -85,9 +85,11 @@ def record_sizes(path: Path) -> tuple[list[int], list[int], int, int]:
     data = path.read_bytes()
     passes, keyframes, markers, other = [], [], 0, 0
     with TraceReader(path) as reader:
-        start, end = reader._data_start, reader.data_end
-    for offset, stop in frames(data, start, end, 1 << 26):
+        end = reader.data_end
+    for offset, stop in frames(data, 0, end, 1 << 26):
         tag = peek_tag(data[offset : offset + 16])
+        if tag == "header":
+            continue
         if tag == MARKER_TAG:
             markers += stop - offset
         elif tag in ("pass", "delta"):
@@ -104,7 +106,8 @@ def batch_payloads(path: Path) -> list[bytes]:
     data = path.read_bytes()
     out = []
     with TraceReader(path) as reader:
-        position, end = reader._data_start, reader.data_end
+        end = reader.data_end
+    position = next(frames(data, 0, end, 1 << 26))[1] + MARKER_SIZE  # past the header and the marker checking it
     while position < end:
         marker = read_marker(data, position, end)
         out.append(data[marker.payload : marker.end])
@@ -181,7 +184,8 @@ def backlog(folder: Path, n_passes: int) -> dict[int, dict[int, Path]]:
         print(f"v{version}: pass record = {fixed:.0f} B + {per_request:.2f} B per queued request; "
               f"1,000 waiting / 40 waiting: {means[1000, version] / means[40, version]:.2f}x; at "
               f"{GPU_PASSES_PER_S} passes/s with 1,000 waiting: {rate / 1e6:.3f} MB/s, "
-              f"{rate * 3600 / 1e9:.2f} GB/h per rank, {rate * 3600 * TP / 1e9:.1f} GB/h for TP{TP} (pass records only)")
+              f"{rate * 3600 / 1e9:.2f} GB/h per rank, {rate * 3600 * TP / 1e9:.1f} GB/h for TP{TP} "
+              "(pass records only)")
     return paths
 
 
@@ -209,13 +213,13 @@ def cost(folder: Path, synthetic: dict[int, dict[int, Path]], rounds: int) -> No
                 picks = random.Random(1).sample(range(count), min(300, count))
                 times = array("d")
                 for n in picks:
-                    reader._chain._last = None  # a jump, not a step from the pass before
+                    reader._chain._last = None  # a jump: not a step on from the pass rebuilt last
                     started = time.perf_counter()
                     reader.pass_at(n)
                     times.append(time.perf_counter() - started)
                 seek[version] = (statistics.median(times), max(times))
-        print(f"  backlog {queue:<5} pass_at(random n): v1 median {seek[1][0] * 1e3:.3f} ms (max {seek[1][1] * 1e3:.2f}),"
-              f" v2 median {seek[2][0] * 1e3:.3f} ms (max {seek[2][1] * 1e3:.2f})")
+        print(f"  backlog {queue:<5} pass_at(random n): v1 median {seek[1][0] * 1e3:.3f} ms "
+              f"(max {seek[1][1] * 1e3:.2f}), v2 median {seek[2][0] * 1e3:.3f} ms (max {seek[2][1] * 1e3:.2f})")
 
 
 @click.command()

@@ -270,7 +270,8 @@ def test_every_pass_reads_the_same_by_number_in_any_order_and_from_any_offset(tm
             assert reader.record_at(offset) == expected[n]
             resumed = [r for _, r in reader.records(offset)]
             assert resumed == records[records.index(expected[n]):]
-        assert list(reader.passes(keyframes[2] + 5, keyframes[2] + 40)) == expected[keyframes[2] + 5 : keyframes[2] + 40]
+        start = keyframes[2] + 5
+        assert list(reader.passes(start, start + 35)) == expected[start : start + 35]
 
 
 def test_an_unclosed_v2_file_indexes_its_keyframes_by_one_walk(tmp_path: Path) -> None:
@@ -413,3 +414,27 @@ def test_version_1_writes_every_pass_whole_and_stock_msgpack_reads_every_v2_reco
                                                                                    None, False, KvSnapshot(0, 0), 0,
                                                                                    0.0, None, [], [], None, None,
                                                                                    False)])
+
+
+# --- convert --------------------------------------------------------------------------------------------
+
+
+def test_convert_refuses_a_damaged_source_and_an_existing_destination(tmp_path: Path, capfd) -> None:
+    from schedtrace.cli import PROG, run
+
+    out = tmp_path / "out.trace"
+    assert run(["convert", str(FCFS_SAMPLE), str(out)]) == 0
+    said = capfd.readouterr()
+    assert "-> " in said.out and "(v2, " in said.out and said.err == ""
+    with TraceReader(out) as converted, TraceReader(FCFS_SAMPLE) as source:
+        assert list(converted.passes()) == list(source.passes())
+    before = out.read_bytes()
+    assert run(["convert", str(FCFS_SAMPLE), str(out)]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"{PROG}: error: ") and "already exists" in err and err.count("\n") == 1
+    assert out.read_bytes() == before
+    damaged, _, _ = damaged_copy(tmp_path, generated(300, seed=14))
+    dest = tmp_path / "from-damaged.trace"
+    with pytest.raises(TraceDamagedError):
+        convert_trace(damaged, dest)
+    assert not dest.exists()

@@ -1,11 +1,12 @@
 """Fuzzing the reader's contract (issue 12): seeded, deterministic, bounded to about 20 s.
 
-Bases: the two v1 sample traces (traces/kv-pressure-*.trace); the first one's records
-written framed in writer-thread-sized batches as v1 (every pass whole) and
-as v2 (keyframes and deltas, the writer's default), closed and not closed; a
-synthetic v2 trace written in large batches; a v1 trace that was not closed. Each case applies one mutation to a copy: a truncation, flipped
-bits, an overwritten span, damage near the footer, tail or index, or hostile
-msgpack written over a record or spliced in before one.
+Bases: the two v1 sample traces (traces/kv-pressure-*.trace); the first
+one's records written framed in writer-thread-sized batches as v1 (every
+pass whole) and as v2 (keyframes and deltas, the writer's default), closed
+and not closed; a synthetic v2 trace written in large batches; a v1 trace
+that was not closed. Each case applies one mutation to a copy: a
+truncation, flipped bits, an overwritten span, damage near the footer, tail
+or index, or hostile msgpack written over a record or spliced in before one.
 
 The contract, per case:
 

@@ -15,7 +15,8 @@ from typing import Final
 from schedtrace.tracer.contract.errors import TraceFormatError
 from schedtrace.tracer.contract.framing import Gap
 
-MIN_PASS_BYTES: Final = 24  # no pass record (whole or delta) is shorter: a gap of unknown count held at most size / this
+# No pass record (whole or delta) is shorter: a gap of unknown count held at most size / this.
+MIN_PASS_BYTES: Final = 24
 
 
 def number_passes(path: str, first_pass: int, data_start: int, offsets: array, seqs: array,

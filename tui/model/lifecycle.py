@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Pass
 from schedtrace.tui.model.durations import humanize_ns
-from schedtrace.tui.model.rids import RidSpan
+from schedtrace.tui.model.rids import RidSpan, short_rid
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def _why_waiting(p: Pass, rid: str, position: int, max_running: int | None) -> s
         return "not tried: batch_is_full was latched"
     rejected = next((c for c in p.candidates if c.result != "CONTINUE"), None)
     if rejected is not None:
-        return f"not tried: {rejected.rid} ahead of it got {rejected.result}"
+        return f"not tried: {short_rid(rejected.rid)} ahead of it got {rejected.result}"
     if max_running is not None and len(p.running) >= max_running:
         return f"not tried: running batch full ({len(p.running)}/{max_running})"
     if p.req_slots_free <= 0:
@@ -42,7 +42,7 @@ def _why_waiting(p: Pass, rid: str, position: int, max_running: int | None) -> s
     if p.admitted:
         return f"not reached: prefill budget used by {len(p.admitted)} admitted (queue position {position + 1})"
     if p.chunk is not None and p.chunk.size:
-        return f"not reached: prefill budget used by the continuing chunk of {p.chunk.rid}"
+        return f"not reached: prefill budget used by the continuing chunk of {short_rid(p.chunk.rid)}"
     return f"not reached (queue position {position + 1})"
 
 
