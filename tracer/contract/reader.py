@@ -366,3 +366,10 @@ class TraceReader:
             return decoder.decode(data)
         except msgspec.DecodeError as exc:
             raise TraceFormatError(self.path, offset, f"bad {tag!r} record: {exc}") from None
+
+
+def combined_fingerprint(prints: list[str]) -> str:
+    """One name for several files (a rank's parts): one file's own fingerprint, or a hash of theirs."""
+    if len(prints) == 1:
+        return prints[0]
+    return f"blake2b:{hashlib.blake2b(''.join(prints).encode(), digest_size=16).hexdigest()}"

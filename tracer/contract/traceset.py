@@ -14,9 +14,6 @@ naming the files (docs/trace-format.md, "Trace sets and ranks").
 
 from __future__ import annotations
 
-import hashlib
-
-import glob
 import os
 import re
 from array import array
@@ -28,14 +25,14 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from schedtrace.tracer.contract.errors import TraceNotFoundError, TraceSetError
+from schedtrace.tracer.contract.errors import TraceSetError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.reader import combined_fingerprint
+from schedtrace.tracer.contract.paths import MAX_FILES, expand_paths
 from schedtrace.tracer.contract.schema import Header, Pass, Record
 
-MAX_FILES: Final = 10_000  # files one set may hold: a directory is untrusted too
 OPEN_PARTS: Final = 4  # part readers a rank keeps open (a long run has hundreds of parts; fds are finite)
 SHOWN_TEXT: Final = 40  # characters of a run id or host kept in a message
-_GLOB_MAGIC: Final = re.compile(r"[*?[]")
 _PART_NAME: Final = re.compile(r"\.part(\d+)\.trace$")
 
 
@@ -132,12 +129,7 @@ class RankTrace:
 
     def fingerprint(self) -> str:
         """Names these exact parts: one part's own fingerprint, or a hash of every part's."""
-        if len(self.parts) == 1:
-            return self._reader(0).fingerprint()
-        digest = hashlib.blake2b(digest_size=16)
-        for i in range(len(self.parts)):
-            digest.update(self._reader(i).fingerprint().encode())
-        return f"blake2b:{digest.hexdigest()}"
+        return combined_fingerprint([self._reader(i).fingerprint() for i in range(len(self.parts))])
 
     @property
     def data_end(self) -> int:
@@ -216,7 +208,11 @@ class RankTrace:
     # --- lifecycle ---
 
     def close(self) -> None:
-        while self._open:
+        self._evict(keep=0)
+
+    def _evict(self, keep: int) -> None:
+        """Close the least recently used part readers until ``keep`` are open."""
+        while len(self._open) > keep:
             self._retire(*self._open.popitem(last=False))
 
     def _readers(self) -> list[tuple[int, TraceReader]]:
@@ -229,8 +225,7 @@ class RankTrace:
             self._open.move_to_end(i)
             return reader
         reader = self._open[i] = self._open_part(i)
-        while len(self._open) > OPEN_PARTS:
-            self._retire(*self._open.popitem(last=False))
+        self._evict(keep=OPEN_PARTS)
         return reader
 
     def _open_part(self, i: int) -> TraceReader:
@@ -358,36 +353,6 @@ def open_traceset(paths: Iterable[str | os.PathLike], *, max_files: int = MAX_FI
     runs = [_make_run(key, ranks) for key, ranks in by_run.items()]
     runs.sort(key=lambda r: (r.start_wall_ns, r.key))
     return TraceSet(files=tuple(files), runs=tuple(runs), notes=tuple(n for r in runs for n in r.notes))
-
-
-def expand_paths(paths: Iterable[str | os.PathLike], max_files: int = MAX_FILES) -> list[Path]:
-    """Files, directories (their ``*.trace`` files) and glob patterns, each file once, in the order given."""
-    found: list[Path] = []
-    seen: set[Path] = set()
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            matches = sorted(path.glob("*.trace"))
-            if not matches:
-                raise TraceNotFoundError(str(path), "directory holds no *.trace files")
-        elif path.exists():
-            matches = [path]
-        elif _GLOB_MAGIC.search(str(raw)):
-            matches = sorted(Path(m) for m in glob.glob(str(raw)) if not Path(m).is_dir())
-            if not matches:
-                raise TraceNotFoundError(str(raw), "no trace file matches this pattern")
-        else:
-            raise TraceNotFoundError(str(path), "no such file")
-        for match in matches:
-            resolved = match.resolve()
-            if resolved not in seen:
-                seen.add(resolved)
-                found.append(match)
-            if len(found) > max_files:
-                raise TraceSetError(str(raw), f"more than {max_files} trace files; give fewer paths")
-    if not found:
-        raise TraceNotFoundError("(no path)", "no trace file given")
-    return found
 
 
 def read_part(path: Path) -> TracePart:
