@@ -13,10 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from schedtrace.replay.sglang_env import ensure_sglang_importable
 from schedtrace.tracer import plugin
 from schedtrace.tracer.contract.names import DIR_ENV, FIXES_ENV, OTEL_ENV, PINNED_SGLANG
 from schedtrace.tracer.contract.versions import installed_version
+from schedtrace.tracer.kernel_stub import STUB_DIR
 from schedtrace.tracer.recorder.hooks import PASS_TARGET, PASS_TARGETS
+
+# This process resolves hook points too: sglang must be importable here, as on a GPU host.
+ensure_sglang_importable()
 
 REPO = Path(__file__).resolve().parents[1]
 NO_SUCH_POINT = "sglang.srt.managers.scheduler.Scheduler.no_such_hook_point"
@@ -48,6 +53,9 @@ def test_the_plugin_hooks_every_point_of_the_installed_sglang(tmp_path: Path) ->
     assert installed_version("sglang") == PINNED_SGLANG  # what the recorder is written against
     env = {k: v for k, v in os.environ.items() if k not in (FIXES_ENV, OTEL_ENV, "SGLANG_PLUGINS")}
     env[DIR_ENV] = str(tmp_path)
+    # As every sglang process on this GPU-less machine: the sgl_kernel import stand-in first
+    # (without it, sglang's CPU engine cannot import the scheduler at all).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STUB_DIR), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -525,8 +525,8 @@ def test_kill9_mid_load_keeps_everything_written(tmp_path: Path, monkeypatch: py
         first = [f"k9-a{i}" for i in range(6)]
         for rid in first:
             generate(server, rid, 300, 4)
-        wait_for(lambda: {r.rid for r in live_records(trace_dir) if isinstance(r, Finish)} >= set(first),
-                 "the first requests' finishes on disk (no close needed)", timeout_s=60)
+        wait_for(lambda: first_settled(live_records(trace_dir), first),
+                 "the first requests' finishes on disk, or their loss counted (no close needed)", timeout_s=60)
         (path,) = trace_dir.glob("*.trace")
         with TraceReader(path) as reader:
             scheduler_pid = reader.header.pid
@@ -558,9 +558,17 @@ def test_kill9_mid_load_keeps_everything_written(tmp_path: Path, monkeypatch: py
     arrived = {r.rid for r in records if isinstance(r, Arrival)}
     finished = {r.rid for r in records if isinstance(r, Finish)}
     dropped = sum(r.count for r in records if isinstance(r, Loss))  # a full queue drops, and says so
-    assert set(first) <= finished and len(finished - arrived) <= dropped
+    # The small queue may drop a record of the first requests too: then the trace says so.
+    assert len(set(first) - finished) <= dropped and len(finished - arrived) <= dropped
     missing = finished_before_kill - finished
     assert len(missing) <= 2 * QUEUE + dropped, (len(missing), dropped)
+
+
+def first_settled(records: list, rids: list[str]) -> bool:
+    """Every one of ``rids`` has its finish on disk, or a loss record stands for the rest."""
+    finished = {r.rid for r in records if isinstance(r, Finish)}
+    dropped = sum(r.count for r in records if isinstance(r, Loss))
+    return len(set(rids) - finished) <= dropped
 
 
 def live_records(trace_dir: Path) -> list:
