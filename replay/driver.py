@@ -70,7 +70,7 @@ from schedtrace.replay.state import (
 )
 from schedtrace.replay.requests import ReqCache, TokenSource, chunked_req, running_req, waiting_req
 from schedtrace.tracer.contract.errors import ReplayStateError
-from schedtrace.tracer.contract.names import error_text  # "Type: message", as the recorder writes Pass.error
+from schedtrace.tracer.contract.names import STOCK, error_text  # "Type: message", as the recorder writes Pass.error
 from schedtrace.tracer.contract.schema import Aiter, Header, Pass
 
 _LOCK = threading.RLock()
@@ -89,7 +89,7 @@ def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
 
 def _fixes_of(variant: str) -> frozenset[str]:
     """The fix set of ``variant`` (``schedtrace.replay.variants.parse_variant``, cached)."""
-    return frozenset() if variant == "stock" else parse_variant(variant)
+    return frozenset() if variant == STOCK else parse_variant(variant)
 
 
 def _switch_fixes(fixes: frozenset[str]) -> frozenset[str]:

@@ -38,7 +38,7 @@ from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.hybrid import fix_notes
 from schedtrace.replay.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
-from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK, error_text
 from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
@@ -127,7 +127,7 @@ class _Replayer:
         p = replay_inputs(record)
         old = self._decide(p, self.old)
         new = self._decide(p, self.new)
-        if self.old == "stock":
+        if self.old == STOCK:
             recorded = recorded_decision(record)
             fields = fidelity_fields(recorded, old)
             chunk.total += 1
@@ -158,14 +158,14 @@ class _Replayer:
         except ReplayStateError as exc:
             return Decision(admitted=[], error=f"ReplayStateError: {exc}")
         except Exception as exc:  # the real handler raised: that arm's outcome
-            return Decision(admitted=[], error=f"{type(exc).__name__}: {exc}"[:500])
+            return Decision(admitted=[], error=error_text(exc))
 
     def on_aiter(self, event: Aiter) -> None:
         chunk = self.chunk
         chunk.aiter_events += 1
         old = self._aiter(event, self.old)
         new = self._aiter(event, self.new)
-        if self.old == "stock":
+        if self.old == STOCK:
             chunk.total += 1
             fields = aiter_fidelity_fields(event.method, old)
             if fields:
@@ -271,8 +271,8 @@ def _merge(chunks: list[_Chunk]) -> _Chunk:
 
 def replay_trace(
     path: TraceSource,
-    old: str = "stock",
-    new: str = "fixed",
+    old: str = STOCK,
+    new: str = FIXED,
     *,
     stall_passes: int = DEFAULT_STALL_PASSES,
     jobs: int = 1,

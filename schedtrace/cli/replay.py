@@ -14,6 +14,7 @@ from schedtrace.cli.options import (STDOUT, chosen_ranks, from_pass_option, jobs
                                     ranks_json, stall_passes_option, traces_argument, write_json)
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
+from schedtrace.tracer.contract.names import STOCK
 from schedtrace.tracer.contract.report import ClosedLoop, Report, SelfCheck
 from schedtrace.tracer.contract.traceset import TraceSet
 
@@ -122,7 +123,7 @@ def render(report: Report, console: Console) -> None:
     if report.unknown_records:
         skipped = ", ".join(f"{tag}={n}" for tag, n in report.unknown_records.items())
         console.print(f"[yellow]skipped unknown records:[/] {skipped}")
-    if report.old == "stock":
+    if report.old == STOCK:
         _fidelity(report, console)
     _fix_notes(report, console)
     _divergences(report, console)
