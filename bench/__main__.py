@@ -12,6 +12,7 @@ import sys
 
 BENCHES = (
     "bench.bench_recorder",
+    "bench.bench_hybrid",
     "bench.bench_otel",
     "bench.bench_replay",
     "bench.bench_tui",
@@ -21,6 +22,8 @@ BENCHES = (
     "bench.bench_ranks",
     "bench.bench_repro",
     "bench.bench_size",
+    "bench.bench_ring",
+    "bench.bench_ray",
 )
 
 

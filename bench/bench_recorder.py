@@ -46,7 +46,8 @@ that builds no batch.
 Prints ns per pass, the recorder's extra ns over the pass-through baseline
 (the admitting cases: median of per-round paired differences), the ratio
 1 + extra / pass-through, trace bytes per written pass, and the ``Alloc``
-records the trace holds (all from the real-pools case). Run:
+records the trace holds (all from the real-pools case). The same cases on
+sglang's hybrid (mamba, SWA) pools: ``bench.bench_hybrid``. Run:
 ``python -m bench.bench_recorder``. Nothing here asserts a time.
 """
 
@@ -93,6 +94,7 @@ from schedtrace.tracer.recorder.rig import (  # noqa: E402
 from schedtrace.tracer.recorder.writer_thread import WriterThread  # noqa: E402
 
 ADMITTING_CALLS = 300  # timed calls per arm in each admitting case
+IDLE_CALLS = 200_000  # calls per timed loop of the idle case
 T = TypeVar("T")
 
 Arms = tuple[tuple[str, Points], ...]
@@ -140,6 +142,17 @@ def loop_ns(s, batch, n: int, repeats: int = 5) -> float:
             fn(s, None, batch)
         best = min(best, (time.perf_counter_ns() - start) / n)
     return best
+
+
+def looped(points: HookPoints, arms: Arms, s, batch, n: int, repeats: int = 5) -> dict[str, float]:
+    """Per arm, the best of ``repeats`` timed loops of ``n`` calls on the same state;
+    the arms take turns, so drift of a shared machine reaches each of them alike."""
+    times = {name: float("inf") for name, _ in arms}
+    for _ in range(repeats):
+        for name, arm in arms:
+            with points.hooked(arm):
+                times[name] = min(times[name], loop_ns(s, batch, n, repeats=1))
+    return times
 
 
 def interleaved_medians(
@@ -216,16 +229,24 @@ class TraceStats:
         return result
 
 
+def started_recorder(out: str, stem: str, make_header: Callable) -> tuple[Recorder, TraceStats]:
+    """A recording ``Recorder`` whose writer drains only when told to, outside the
+    timed regions; its own time per written pass (build + encode + write) is reported apart."""
+    rec = Recorder(out)
+    rec.start(WriterThread(out, stem, make_header, clock_ns=rec.now, flush_interval_s=3600))
+    return rec, TraceStats(rec)
+
+
+def recorder_arms(points: HookPoints, rec: Recorder) -> Arms:
+    return (("bare", points.bare), ("pass-through", points.passing_through()),
+            ("recorder", points.wrapped(dict(make_hooks(rec)))))
+
+
 def main() -> None:
     out = tempfile.mkdtemp(prefix="schedtrace-bench-")
-    # The writer drains only when told to, outside the timed regions, and its
-    # own time per written pass (build + encode + write) is reported apart.
-    rec = Recorder(out)
-    rec.start(WriterThread(out, "bench", lambda p, f: header(), clock_ns=rec.now, flush_interval_s=3600))
-    trace = TraceStats(rec)
+    rec, trace = started_recorder(out, "bench", lambda p, f: header())
     points = HookPoints()
-    arms: Arms = (("bare", points.bare), ("pass-through", points.passing_through()),
-                  ("recorder", points.wrapped(dict(make_hooks(rec)))))
+    arms = recorder_arms(points, rec)
     driver = PassDriver(header())
     prepare_scheduler(driver)
     rows: list[tuple[str, dict[str, float]]] = []
@@ -233,19 +254,11 @@ def main() -> None:
     with driver._config.installed():
         # idle
         s, batch = load(driver, idle_pass())
-        times = {}
-        for name, arm in arms:
-            with points.hooked(arm):
-                times[name] = loop_ns(s, batch, 200_000)
-        rows.append(("idle pass", times))
+        rows.append(("idle pass", looped(points, arms, s, batch, IDLE_CALLS)))
 
         # latched, folded and written
         s, batch = load(driver, loaded_pass(batch_full=True))
-        times = {}
-        for name, arm in arms:
-            with points.hooked(arm):
-                times[name] = loop_ns(s, batch, 20_000)
-        rows.append(("latched, folded", times))
+        rows.append(("latched, folded", looped(points, arms, s, batch, 20_000)))
 
         varying = _VaryingAllocator(400_000, 1)
         varying.available = 10**9
@@ -279,15 +292,20 @@ def main() -> None:
     hits = sum(1 for r in real_admitted if r.prefix_len > 0)
     print(f"{WAITING} waiting, {RUNNING} running; admitting pass admits {len(stubbed_admitted)} requests; "
           f"on real pools {len(real_admitted)} ({hits} on a cached prefix)")
-    print(f"{'case':22} {'bare ns':>10} {'pass-thru ns':>13} {'recorder ns':>12} {'extra ns':>9} {'ratio':>7}")
+    print_table(rows, trace)
+    print_trace_summary(rec.writer.paths)
+
+
+def print_table(rows: list[tuple[str, dict[str, float]]], trace: TraceStats, width: int = 22) -> None:
+    """One line per case: ns per arm, the recorder's extra ns and the ratio over pass-through."""
+    print(f"{'case':{width}} {'bare ns':>10} {'pass-thru ns':>13} {'recorder ns':>12} {'extra ns':>9} {'ratio':>7}")
     for name, t in rows:
         base, recd = t["pass-through"], t["recorder"]
         extra = t.get("extra", recd - base)
-        print(f"{name:22} {t['bare']:10.0f} {base:13.0f} {recd:12.0f} {extra:9.0f} {1 + extra / base:7.3f}")
+        print(f"{name:{width}} {t['bare']:10.0f} {base:13.0f} {recd:12.0f} {extra:9.0f} {1 + extra / base:7.3f}")
     for case, size in trace.bytes_per_pass.items():
         print(f"written pass, {case}: {size:.0f} trace bytes; writer thread {trace.writer_ns[case]:.0f} ns "
               f"(build + encode + write, off the scheduler thread)")
-    print_trace_summary(rec.writer.paths)
 
 
 def print_trace_summary(paths: list) -> None:

@@ -12,11 +12,19 @@ and KV shapes):
 * whole trace: ``replay_trace`` end to end (two arms, fidelity, fix tagging
   of divergent passes, stalls), passes/s with 1 and 2 jobs.
 
-Run: ``python -m bench.bench_replay [--passes N]``. Nothing here asserts.
+Then the same bare and per-arm figures on every pass of the hybrid sample
+traces (``traces/hybrid-mamba-kimi*.trace``, ``traces/hybrid-swa-gptoss*.trace``,
+recorded by the sandbox): the driver rebuilds their SWA and mamba pools
+(``schedtrace.replay.hybrid``), and bare is sglang's pass on that rebuilt
+state; each figure is the best of ``HYBRID_ROUNDS`` runs over the trace.
+``--no-hybrid`` skips them.
+
+Run: ``python -m bench.bench_replay [--passes N] [--no-hybrid]``. Nothing here asserts.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import tempfile
@@ -34,8 +42,14 @@ def _bare_seconds(driver, passes) -> float:
     sched = driver.scheduler
     ScheduleBatch = driver._ScheduleBatch
     original = ScheduleBatch.__dict__["init_new"]
+    policy = driver._policy_module
+    recorded = {"mamba_prefill_chunk_grid": driver._grid_lookup, "_use_exact_chunk_fill": driver._exact_fill_lookup}
+    saved = {name: policy.__dict__[name] for name in recorded}
     total = 0.0
     with driver._config.installed():
+        # The recorded mamba chunk grid and exact-fill gate, as decide() installs them.
+        for name, lookup in recorded.items():
+            setattr(policy, name, lookup)
         ScheduleBatch.init_new = classmethod(_stop_init_new)
         try:
             for p in passes:
@@ -53,13 +67,63 @@ def _bare_seconds(driver, passes) -> float:
                 total += time.perf_counter() - start
         finally:
             ScheduleBatch.init_new = original
+            for name, value in saved.items():
+                setattr(policy, name, value)
     return total
+
+
+def _decide_seconds(driver, passes, arm: str) -> float:
+    start = time.perf_counter()
+    for p in passes:
+        driver.decide(p, arm)
+    return time.perf_counter() - start
+
+
+def _per_arm(driver, passes, bare: float, label: str = "PassDriver.decide", rounds: int = 1) -> None:
+    """``decide`` over ``passes`` per arm (best of ``rounds``): passes/s, us/pass and the ratio over bare."""
+    for arm in ("stock", "fixed"):
+        elapsed = min(_decide_seconds(driver, passes, arm) for _ in range(rounds))
+        print(f"{label}[{arm:5}]: {len(passes) / elapsed:10.0f} passes/s  "
+              f"({elapsed / len(passes) * 1e6:.1f} us/pass, {elapsed / bare:.2f}x bare)")
+
+
+def _warm_driver(header, first):
+    """A driver whose patches are compiled and imports done (both arms once)."""
+    from schedtrace.replay.driver import PassDriver, _Ratio
+
+    driver = PassDriver(header)
+    driver.decide(first, "stock")
+    driver.decide(first, "fixed")
+    driver.scheduler.new_token_ratio_tracker = _Ratio(0.0)
+    return driver
+
+
+HYBRID_SAMPLES = ("hybrid-mamba-kimi*.trace", "hybrid-swa-gptoss*.trace")
+HYBRID_ROUNDS = 5  # a few hundred passes each: every figure is the best of this many runs over the trace
+
+
+def bench_hybrid_samples() -> None:
+    """Bare pass and replay per pass on every pass of each hybrid sample trace."""
+    from schedtrace.tracer.contract.format import TraceReader
+
+    traces = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
+    for pattern in HYBRID_SAMPLES:
+        for path in sorted(glob.glob(os.path.join(traces, pattern))):
+            with TraceReader(path) as reader:
+                header = reader.header
+                passes = list(reader.passes())
+            driver = _warm_driver(header, passes[0])
+            bare = min(_bare_seconds(driver, passes) for _ in range(HYBRID_ROUNDS))
+            print(f"{os.path.basename(path)} ({header.pools.allocator}, mamba slots {header.pools.mamba_size}, "
+                  f"swa {header.pools.swa_size}): {len(passes)} pass records")
+            print(f"  bare sglang pass (rebuilt hybrid state): {len(passes) / bare:10.0f} passes/s  "
+                  f"({bare / len(passes) * 1e6:.1f} us/pass)")
+            _per_arm(driver, passes, bare, label="  PassDriver.decide", rounds=HYBRID_ROUNDS)
 
 
 def main(argv: list[str]) -> int:
     passes_wanted = int(argv[argv.index("--passes") + 1]) if "--passes" in argv else 6000
     from schedtrace.tracer.contract.synthetic import generate
-    from schedtrace.replay.driver import PassDriver, _Ratio
     from schedtrace.replay.engine import replay_trace
     from schedtrace.tracer.contract.format import TraceReader
 
@@ -70,27 +134,20 @@ def main(argv: list[str]) -> int:
         header = reader.header
         passes = list(reader.passes())
     sample = passes[: min(len(passes), 3000)]
-    driver = PassDriver(header)
-    driver.decide(sample[0], "stock")  # warm: patches compiled, imports done
-    driver.decide(sample[0], "fixed")
-    driver.scheduler.new_token_ratio_tracker = _Ratio(0.0)
+    driver = _warm_driver(header, sample[0])
 
     bare = _bare_seconds(driver, sample)
     print(f"trace: {len(passes)} pass records; timing {len(sample)} of them")
     print(f"bare sglang pass (pre-built state): {len(sample) / bare:10.0f} passes/s  ({bare / len(sample) * 1e6:.1f} us/pass)")
-    for arm in ("stock", "fixed"):
-        start = time.perf_counter()
-        for p in sample:
-            driver.decide(p, arm)
-        elapsed = time.perf_counter() - start
-        print(f"PassDriver.decide[{arm:5}]:           {len(sample) / elapsed:10.0f} passes/s  "
-              f"({elapsed / len(sample) * 1e6:.1f} us/pass, {elapsed / bare:.2f}x bare)")
+    _per_arm(driver, sample, bare)
     for jobs in (1, 2):
         start = time.perf_counter()
         report = replay_trace(path, "stock", "fixed", jobs=jobs)
         elapsed = time.perf_counter() - start
         print(f"replay_trace jobs={jobs}: {report.passes} passes in {elapsed:.2f} s = {report.passes / elapsed:.0f} passes/s "
               f"({len(report.divergences)} divergences)")
+    if "--no-hybrid" not in argv:
+        bench_hybrid_samples()
     return 0
 
 

@@ -23,7 +23,9 @@ For each stall:
   its onset; if stock does not stall there too the stall is marked
   ``reproduced: false`` and no fix set is searched.
 
-The trace is a file or a ``RankTrace`` (one rank's parts read as one).
+The trace is a file or a ``RankTrace`` (one rank's parts read as one); a
+file is read past its unreadable regions, and ``holes`` lists them and the
+``loss`` records (``tracer.analysis.holes``), as the replay report does.
 
 Deterministic: the same trace and options give the same report bytes.
 """
@@ -39,7 +41,9 @@ import msgspec
 
 from schedtrace.replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
 from schedtrace.replay.differ import divergence_kinds
-from schedtrace.tracer.contract.report import Decision, Stall
+from schedtrace.replay.executor import Executor
+from schedtrace.tracer.analysis.holes import scan_holes
+from schedtrace.tracer.contract.report import Decision, Holes, Stall
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader
@@ -78,6 +82,8 @@ class BisectReport(msgspec.Struct, kw_only=True):
     fixes: list[str]  # the fixes searched, in name order
     open_loop: list[StallFinding]
     closed_loop: list[StallFinding]
+    retried_tasks: int = 0  # tasks a distributed backend (--ray) ran again after their worker died
+    holes: Holes = msgspec.field(default_factory=Holes)  # unreadable regions and loss records of the trace
 
     @property
     def findings(self) -> list[StallFinding]:
@@ -104,8 +110,10 @@ def fix_subsets(fixes: list[str]) -> list[tuple[str, ...]]:
 class _ClosedLoops:
     """Closed-loop runs of one start pass keyed by (start, variant, bound), each run once."""
 
-    def __init__(self, reader: TraceReader | RankTrace, driver, stall_passes: int, max_passes: int | None) -> None:
+    def __init__(self, reader: TraceReader | RankTrace, driver, stall_passes: int, max_passes: int | None,
+                 executor: Executor | None = None) -> None:
         self.reader = reader
+        self.executor = executor  # None: fix subsets one after the other, here
         self.driver = driver
         self.stall_passes = stall_passes
         self.max_passes = max_passes
@@ -132,6 +140,31 @@ class _ClosedLoops:
         return self._runs[key]
 
 
+def _subset_clears(task: tuple[LoopInput, str, int, int | None, int, int]) -> bool:
+    """One fix subset's closed loop (in a worker): whether it has no stall overlapping the target."""
+    from schedtrace.replay.driver import PassDriver
+
+    loop, variant, stall_passes, bound, start, end = task
+    run = run_arm(loop, PassDriver(loop.header), variant, stall_passes=stall_passes, max_passes=bound)
+    return run.stall_overlapping(start, end) is None
+
+
+def _smallest_on(executor: Executor, loops: _ClosedLoops, from_pass: int, target: Stall, fixes: list[str],
+                 horizon: int) -> tuple[list[str] | None, list[str]]:
+    """``smallest_fix_set`` with each size's subsets run at once on ``executor``: same answer, same order."""
+    loop = loops.loop_input(from_pass)
+    bound = min(horizon, loops.max_passes or horizon)
+    tried: list[str] = []
+    for size in range(1, len(fixes) + 1):
+        subsets = [s for s in fix_subsets(fixes) if len(s) == size]
+        tasks = [(loop, ",".join(s), loops.stall_passes, bound, target.start_pass, target.end_pass) for s in subsets]
+        for subset, clears in zip(subsets, executor.map(_subset_clears, tasks)):
+            tried.append(",".join(subset))
+            if clears:
+                return list(subset), tried
+    return None, tried
+
+
 def smallest_fix_set(
     loops: _ClosedLoops, from_pass: int, target: Stall, fixes: list[str], last_end: int | None = None
 ) -> tuple[list[str] | None, list[str]]:
@@ -140,8 +173,11 @@ def smallest_fix_set(
     A stall overlapping the target starts by its end and is a stall N passes
     later: no run need go further. ``last_end`` (the end of the last stall to
     be searched from the same start) lets one run per subset serve them all.
+    With ``loops.executor``, the subsets of one size run as parallel tasks.
     """
     horizon = max(target.end_pass, last_end or 0) - from_pass + loops.stall_passes + 1
+    if loops.executor is not None:
+        return _smallest_on(loops.executor, loops, from_pass, target, fixes, horizon)
     tried: list[str] = []
     for subset in fix_subsets(fixes):
         variant = ",".join(subset)
@@ -178,7 +214,7 @@ def _windows(stalls: list[Stall]) -> list[tuple[int | None, Stall]]:
 def _open_loop_findings(path: TraceSource, loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
     from schedtrace.replay.engine import replay_trace
 
-    report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes)
+    report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes, executor=loops.executor)
     divergences = sorted(report.divergences, key=lambda d: d.pass_)
     findings = []
     for after, stall in _windows(report.stalls.get(STOCK, [])):
@@ -234,8 +270,10 @@ def run_bisect(
     from_pass: int = 0,
     max_passes: int | None = None,
     modes: tuple[str, ...] = (OPEN_LOOP, CLOSED_LOOP),
+    executor: Executor | None = None,
 ) -> BisectReport:
-    """Bisect every stock stall of the trace at ``path`` (a file or a rank's parts)."""
+    """Bisect every stock stall of the trace at ``path`` (a file or a rank's parts); with
+    ``executor``, the open-loop pass ranges and each size's fix subsets run as its tasks."""
     from schedtrace.replay.driver import PassDriver
     from schedtrace.replay.engine import check_variants, opened
     from schedtrace.replay.fixes import FIX_NAMES
@@ -248,11 +286,13 @@ def run_bisect(
     fixes = sorted(FIX_NAMES)
     check_variants(STOCK, FIXED)
     with opened(path) as reader:
-        loops = _ClosedLoops(reader, PassDriver(reader.header), stall_passes, max_passes)
+        loops = _ClosedLoops(reader, PassDriver(reader.header), stall_passes, max_passes, executor)
+        retried = executor.retried if executor is not None else 0
         open_findings = _open_loop_findings(path, loops, fixes) if OPEN_LOOP in modes else []
         closed_findings = _closed_loop_findings(loops, from_pass, fixes) if CLOSED_LOOP in modes else []
         trace_version = reader.header.sglang_version
         name = reader.path
+        holes = scan_holes(reader)
     return BisectReport(
         trace=name,
         sglang_version=sglang_version(),
@@ -262,4 +302,6 @@ def run_bisect(
         fixes=fixes,
         open_loop=open_findings,
         closed_loop=closed_findings,
+        holes=holes,
+        retried_tasks=executor.retried - retried if executor is not None else 0,
     )

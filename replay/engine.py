@@ -11,19 +11,24 @@ Input problems: unknown record types are skipped and counted; a torn tail
 ends the replay at the last whole record (``truncated_at``); a corrupt record
 raises ``TraceFormatError`` naming its offset; a trace from another sglang
 version replays with a warning, and fails only where a fix cannot apply.
+A path is read past its unreadable regions (``skip_damaged``): every pass
+present is replayed, and the report's ``holes`` list the regions and the
+``loss`` records (``tracer.analysis.holes``), with a warning.
 
-``jobs > 1`` splits the pass records into contiguous ranges replayed in
-worker processes; their results are merged in file order, so the report is
-byte-identical to a single-process run.
+``jobs > 1`` (or an ``Executor`` with several workers: local processes or
+Ray tasks) splits the pass records into contiguous ranges replayed by the
+workers; their results are merged in file order, so the report is
+byte-identical to a single-process run. ``retried_tasks`` counts the ranges
+a backend ran again after a worker died.
 
 The trace is a file or a ``RankTrace`` (one rank's parts read as one, byte
-offsets global over the parts); workers reopen it from its part paths.
+offsets global over the parts); workers reopen it from its part files
+(``executor.TraceFiles``: shared paths, or bytes shipped by the backend).
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,8 +38,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
+from schedtrace.tracer.analysis.holes import holes_warning, scan_holes
 from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields
 from schedtrace.replay.driver import PassDriver
+from schedtrace.replay.executor import Executor, LocalExecutor, TraceFiles, local_paths, trace_files
 from schedtrace.replay.hybrid import fix_notes
 from schedtrace.replay.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
@@ -43,7 +50,7 @@ from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Aiter, Pass
-from schedtrace.tracer.contract.traceset import RankTrace, open_traceset
+from schedtrace.tracer.contract.traceset import RankTrace, open_traceset, source_paths
 
 logger = logging.getLogger(__name__)
 
@@ -192,29 +199,23 @@ def _driver(path, header) -> PassDriver:
 
 @contextmanager
 def opened(source: TraceSource) -> Iterator[Reader]:
-    """A reader of ``source``: a path is opened and closed here, a ``RankTrace`` is the caller's."""
-    if isinstance(source, RankTrace):
+    """A reader of ``source``: a path is opened here, past its unreadable regions (``skip_damaged``:
+    replay what is present); a reader or a rank is the caller's, read as the caller opened it."""
+    if isinstance(source, (RankTrace, TraceReader)):
         yield source
         return
-    with TraceReader(source) as reader:
+    with TraceReader(source, skip_damaged=True) as reader:
         yield reader
-
-
-def part_paths(source: TraceSource) -> tuple[str, ...]:
-    """What a worker process needs to reopen ``source``: its files, in part order."""
-    if isinstance(source, RankTrace):
-        return tuple(str(p.path) for p in source.parts)
-    return (str(source),)
 
 
 @contextmanager
 def reopened(paths: tuple[str, ...]) -> Iterator[Reader]:
-    """``source`` again, in a worker, from ``part_paths(source)`` (same global offsets)."""
+    """``source`` again, in a worker, from ``source_paths(source)`` (same global offsets), past its gaps."""
     if len(paths) == 1:
-        with TraceReader(paths[0]) as reader:
+        with TraceReader(paths[0], skip_damaged=True) as reader:
             yield reader
         return
-    with open_traceset(paths) as traces:
+    with open_traceset(paths, skip_damaged=True) as traces:
         yield traces.ranks[0]
 
 
@@ -231,11 +232,11 @@ def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | N
             replayer.on_aiter(record)
 
 
-def _worker(args: tuple[tuple[str, ...], str, str, int, int | None]) -> bytes:
-    """One range in a worker process; msgpack out (no pickled objects)."""
-    paths, old, new, start, stop = args
-    with reopened(paths) as reader:
-        replayer = _Replayer(_driver(paths[0], reader.header), old, new)
+def _worker(args: tuple[TraceFiles, str, str, int, int | None]) -> bytes:
+    """One range in a worker (a local process or a Ray task); msgpack out (no pickled objects)."""
+    files, old, new, start, stop = args
+    with local_paths(files) as paths, reopened(paths) as reader:
+        replayer = _Replayer(_driver(files.paths[0], reader.header), old, new)
         _replay_range(reader, replayer, start, stop)
         replayer.chunk.unknown_records = dict(reader.unknown_records)
         replayer.chunk.truncated_at = reader.truncated_at
@@ -278,8 +279,13 @@ def replay_trace(
     jobs: int = 1,
     on_progress: ProgressCallback | None = None,
     on_divergence: DivergenceCallback | None = None,
+    executor: Executor | None = None,
+    min_passes_per_job: int = MIN_PASSES_PER_JOB,
 ) -> Report:
-    """Replay every pass of the trace at ``path`` (a file or a rank's parts) under ``old`` and ``new``."""
+    """Replay every pass of the trace at ``path`` (a file or a rank's parts) under ``old`` and ``new``.
+
+    The pass ranges run on ``executor`` (default: ``jobs`` local processes), one range per
+    worker of at least ``min_passes_per_job`` pass records."""
     if stall_passes < 1:
         raise UsageError("--stall-passes must be at least 1")
     if jobs < 1:
@@ -307,14 +313,14 @@ def replay_trace(
 
         if on_progress is not None:
             on_progress(0, total)
-        if jobs > 1 and total >= 2 * MIN_PASSES_PER_JOB:
-            jobs = min(jobs, total // MIN_PASSES_PER_JOB)
+        executor = executor if executor is not None else LocalExecutor(jobs)
+        retried = executor.retried
+        if executor.workers > 1 and total >= 2 * min_passes_per_job:
+            jobs = min(executor.workers, total // min_passes_per_job)
             ranges = _ranges(reader.pass_offsets, 0, jobs)
-            work = [(part_paths(path), old, new, start, stop) for start, stop in ranges]
-            context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-            with context.Pool(jobs) as pool:
-                encoded = pool.map(_worker, work)
-            chunks = [msgspec.msgpack.decode(data, type=_Chunk) for data in encoded]
+            files = executor.locate(trace_files(source_paths(path)))
+            work = [(files, old, new, start, stop) for start, stop in ranges]
+            chunks = [msgspec.msgpack.decode(data, type=_Chunk) for data in executor.map(_worker, work)]
             for chunk in chunks:
                 for divergence in chunk.divergences:
                     if on_divergence is not None:
@@ -335,8 +341,13 @@ def replay_trace(
             if on_progress is not None:
                 on_progress(done, total)
         unknown = dict(sorted(unknown_seen.items()))
+        retried = executor.retried - retried
         if truncated_at is not None:
             warnings.append(f"trace ends in a torn record at offset {truncated_at}; replayed the {result.passes} passes before it")
+        holes = scan_holes(reader)
+        hole_warning = holes_warning(holes, result.passes)
+        if hole_warning is not None:
+            warnings.append(hole_warning)
 
     stalls = {}
     for arm, attr in ((old, "stalled_old"), (new, "stalled_new")):
@@ -362,4 +373,6 @@ def replay_trace(
         warnings=warnings,
         fix_notes=fix_notes(header),
         trace_fingerprint=fingerprint,
+        retried_tasks=retried,
+        holes=holes,
     )

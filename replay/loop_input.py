@@ -39,7 +39,8 @@ class TraceScan:
     finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
     queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each pass record's entry
     # The server ran sglang's overlap scheduler: a running request was seen without its first output
-    # (its prefill's result not yet processed), which the normal loop never shows.
+    # (its prefill's result not yet processed), which the normal loop never shows. Only for traces
+    # whose header does not say (``Header.overlap_schedule`` None).
     overlap: bool = False
 
 
@@ -107,7 +108,7 @@ class LoopInput:
     recorded_passes: int
     # (step, rid, prefix match, its part in the evictable count), by step
     matches: list[tuple[int, str, int, int | None]] = field(default_factory=list)
-    overlap: bool = False  # the recorded server's overlap scheduler (TraceScan.overlap)
+    overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
 
     @property
     def page_size(self) -> int:
@@ -167,7 +168,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         start_iteration=start_iteration,
         recorded_passes=count,
         matches=matches,
-        overlap=scan.overlap,
+        overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
     )
 
 

@@ -4,7 +4,7 @@ Each cell is the trace's closed loop from the recorded arrivals, with the
 server arguments of the cell (``schedtrace.replay.sweep_grid.apply_config``)
 driving the real sglang code (``PassDriver`` built from the cell's header)
 and sizing the state the loop evolves. Cells are independent: they run on
-an ``Executor`` (local worker processes, or any backend with ``map``), each
+an ``Executor`` (local worker processes, or Ray tasks), each
 task carrying its configured loop input (no file access in a worker), and
 come back in grid order, so the report is the same bytes for any job count.
 
@@ -142,6 +142,7 @@ def run_sweep(
         loop = load_input(reader, from_pass, scan)
     tasks, extra = plan(loop, scan, grid, arms, stall_passes=stall_passes, max_passes=max_passes)
     executor = executor if executor is not None else LocalExecutor(1)
+    retried = executor.retried
     results: list[CellResult] = []
     for data in executor.map(run_cell, tasks):
         results.append(msgspec.msgpack.decode(data, type=CellResult))
@@ -161,4 +162,5 @@ def run_sweep(
         cells=cells,
         self_check=check,
         notes=list(NOTES),
+        retried_tasks=executor.retried - retried,
     )

@@ -106,11 +106,15 @@ def test_the_probe_sees_sglang_when_a_command_imports_it(trace, tmp_path):
     assert done.stdout.splitlines()[-1] == "sglang imported: True"
 
 
-def test_a_corrupt_record_message_has_no_empty_parentheses(trace, tmp_path):
+def test_a_corrupt_record_is_listed_as_a_hole_not_a_traceback(trace, tmp_path):
     bad, offset = corrupt_copy(trace, tmp_path)
     done = probe("info", str(bad))
-    assert_one_error_line(done, f"offset {offset}")
-    assert not done.stderr.rstrip().endswith("()")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "NOT closed cleanly: 1 unreadable region" in done.stdout
+    (line,) = [l for l in done.stdout.splitlines() if "bytes unreadable at offset" in l]
+    start, end = (int(x) for x in line.split("at offset ")[1].split(",")[0].split("–"))
+    assert start <= offset < end  # the region named holds the corrupt record
+    assert not line.rstrip().endswith("()")
 
 
 @pytest.mark.parametrize("module", ["click", "rich", "sglang"])

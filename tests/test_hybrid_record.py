@@ -14,7 +14,6 @@ and to a finished one.
 
 from __future__ import annotations
 
-import os
 from array import array
 from pathlib import Path
 from types import MethodType, SimpleNamespace
@@ -22,9 +21,11 @@ from types import MethodType, SimpleNamespace
 import msgspec
 import pytest
 
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-
-from schedtrace.replay.driver import PassDriver  # noqa: E402  (makes sglang importable first)
+# sglang reads SGLANG_USE_CPU_ENGINE once, when it is first imported (its platform, ``is_cpu``): set it
+# for that import only, so that no later test's child process inherits it.
+with pytest.MonkeyPatch.context() as cpu_engine:
+    cpu_engine.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    from schedtrace.replay.driver import PassDriver  # noqa: E402  (makes sglang importable first)
 from schedtrace.tracer.contract import builders  # noqa: E402
 from schedtrace.tracer.contract.format import TraceReader  # noqa: E402
 from schedtrace.tracer.contract.schema import Alloc, Header, KvSnapshot, Pass, PoolLayout  # noqa: E402

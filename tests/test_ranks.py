@@ -128,6 +128,19 @@ def test_an_altered_pass_is_caught_at_that_pass_with_the_field_named(tmp_path: P
     assert first.clock == sum(s.idle + (s.record.repeat if s.record else 0) for s in base[:index])
 
 
+def test_on_point_sees_every_differing_pass_of_a_run_the_report_merges(tmp_path: Path) -> None:
+    """The TUI marks every desync pass: a run of one difference is one RankDiff, but each of its points is seen."""
+    base = script()
+    seen = []
+    odd = altered(altered(base, 27, kv=KvSnapshot(available=5, evictable=13)), 29,
+                  kv=KvSnapshot(available=5, evictable=14))  # only kv.available differs, twice
+    report = compare(tp_set(tmp_path, {2: odd}), on_point=seen.append)
+    assert report.first is not None and report.later == [] and report.first.points == len(seen) == 3
+    assert [d.passes["tp2"] for d in seen] == [13, 14, 14]  # pass 14 is folded; tp1 splits its fold: two points
+    assert all(d.clock == d.until and d.points == 1 and d.odd == ["tp2"] for d in seen)
+    assert seen[0].clock == report.first.clock and seen[-1].clock == report.first.until
+
+
 def test_same_inputs_another_decision_is_a_scheduler_nondeterminism(tmp_path: Path) -> None:
     base = script()
     other = altered(base, 9, admitted=[], candidates=[Candidate("r4-0", 0, 0, "NO_TOKEN")])  # pass 4 admitted r4-0

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from schedtrace.tracer.contract.builders import header, pass_record
@@ -33,13 +34,14 @@ from schedtrace.tracer.contract.names import (
     LOSS_WRITE_ERROR,
     QUEUE_ENV,
 )
-from schedtrace.tracer.contract.schema import Alloc, Arrival, Clock, Finish, KvSnapshot, Loss, Pass, WaitingReq
+from schedtrace.tracer.contract.schema import (Alloc, Arrival, Clock, Finish, KvSnapshot, Loss, Pass, RunningReq,
+                                               WaitingReq)
 from schedtrace.tracer.contract.traceset import open_traceset
 from schedtrace.tracer.recorder.lifecycle import RESUMING, Recorder, State
 from schedtrace.tracer.recorder.naming import part_name, trace_stem
 from schedtrace.tracer.recorder.policy import WriterPolicy
 from schedtrace.tracer.recorder.ranks import ranks_of
-from schedtrace.tracer.recorder.triggers import ALLOC_FAILED, STALL
+from schedtrace.tracer.recorder.triggers import ALLOC_FAILED
 from schedtrace.tracer.recorder.writer_thread import WriterThread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -351,6 +353,41 @@ def test_a_failed_allocation_writes_the_window_before_it_then_the_ring_fills_aga
 
 def key(record) -> str:
     return record.rid if isinstance(record, Arrival) else record.waiting[0].rid
+
+
+def overload_pass(n: int) -> Pass:
+    """A pass under a long queue that moves on by one request a pass, with a decoding batch: deltas pay."""
+    waiting = [WaitingReq(f"{i:032x}", 500 + i % 7, 0, 64, 0) for i in range(n, n + 40)]
+    running = [RunningReq(f"{i:032x}", 300, n - i, 64) for i in range(n - 8, n)]
+    return pass_record(n, t_ns=n * 1000, waiting=waiting, running=running, req_slots_free=0,
+                       kv=KvSnapshot(available=1000 - n, evictable=n))
+
+
+def unnumbered(records: list) -> list:
+    return [msgspec.structs.replace(r, seq=0) if isinstance(r, Pass) else r for r in records]
+
+
+def test_the_ring_keeps_v2_and_a_window_decodes_to_the_records_it_kept(tmp_path: Path) -> None:
+    ring_bytes = 32 << 10
+    writer = manual_writer(tmp_path, "v2ring", policy=WriterPolicy(ring_bytes=ring_bytes))
+    submitted: list = []
+    for n in range(8, 608):
+        submitted += [overload_pass(n), Arrival(n * 1000 + 1, f"{n + 40:032x}", 500, 64)]
+        writer.submit(msgspec.structs.replace(submitted[-2]))  # a copy: the ring numbers what it is given
+        writer.submit(submitted[-1])
+        if n % 10 == 0:
+            writer.drain()
+    writer.drain()
+    ring = writer.ring
+    assert ring.capacity // 2 < ring.size <= ring.capacity  # the old end drops a segment (a keyframe's run) at a time
+    writer.triggers.request()
+    writer.drain()
+    writer.close()
+    (path,) = writer.paths
+    loss, *window = records_of(path)
+    assert isinstance(loss, Loss) and loss.reason == LOSS_RING and loss.count > 0
+    assert unnumbered(window) == unnumbered(submitted[loss.count:])  # every record kept, passes rebuilt exactly
+    assert sum(len(encode(r)) for r in window) > 4 * ring_bytes  # v1 records: a v1 ring held a quarter of it
 
 
 def stalled_pass(n: int, error: str | None = None) -> Pass:

@@ -188,3 +188,34 @@ def test_ranks_missing_from_a_run_are_noted(tmp_path: Path) -> None:
         write_trace(tmp_path / f"c{tp}.trace", header, part_records(0))
     with open_traceset([tmp_path]) as traces:
         assert traces.notes == ("run run-c: tp rank(s) 1, 3 of tp_size 4 (pp 0, dp 0) are not in the set",)
+
+
+def test_a_damaged_middle_part_reads_on_past_its_gap_with_skip_damaged(tmp_path: Path) -> None:
+    from schedtrace.tracer.contract.errors import TraceDamagedError
+    from schedtrace.tracer.contract.framing import MARKER_SIZE
+
+    write_rank(tmp_path, 1)
+    middle = tmp_path / "schedtrace-tp0-dp0-pid7.part001.trace"
+    writer = TraceWriter(middle, builders.header(run_id="run-a", tp_rank=0, tp_size=2, pid=7, part=1,
+                                                 first_pass=PASSES_PER_PART), version=1)
+    records = part_records(PASSES_PER_PART)
+    ends = []
+    for i in range(0, len(records), 2):  # one batch per arrival + pass
+        writer.write_many(records[i:i + 2])
+        ends.append(writer.size)
+    writer.close(99)
+    write_rank(tmp_path, 3, skip=(0, 1))
+    data = bytearray(middle.read_bytes())
+    data[ends[1] + MARKER_SIZE + 3] ^= 0x10  # inside the middle part's third batch: pass 6 and its arrival
+    middle.write_bytes(bytes(data))
+
+    with open_traceset([tmp_path]) as strict:
+        with pytest.raises(TraceDamagedError):
+            list(strict.rank().passes())
+    with open_traceset([tmp_path], skip_damaged=True) as traces:
+        rank = traces.rank()
+        first_size = rank.parts[0].file_size
+        (gap,) = rank.gaps
+        assert (gap.start, gap.end, gap.lost) == (first_size + ends[1], first_size + ends[2], 2)
+        assert [p.seq for p in rank.passes()] == [s for s in range(3 * PASSES_PER_PART) if s != 6]
+        assert not rank.closed_cleanly

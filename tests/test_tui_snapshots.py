@@ -88,3 +88,37 @@ def test_help_and_legend(snap_compare, trace):
         await _settle(pilot)
 
     assert snap_compare(_app(trace), terminal_size=SIZE, run_before=run_before)
+
+
+def test_desync_on_rank_two_of_two(snap_compare, tmp_path):
+    """Two ranks of a run, on tp1 (of two parts) at its second desync: the header's rank and verdict,
+    the ≠ mark in the list and the timeline, the differing fields in the detail pane."""
+    from test_tui_ranks import app_for, write_run  # tests/ is on sys.path
+
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("right_square_bracket")
+        await _settle(pilot)
+        await pilot.press("d", "d")
+        await _settle(pilot)
+
+    app, traces = app_for([write_run(tmp_path / "run")])
+    with traces:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_gap_in_a_damaged_copy(snap_compare, tmp_path):
+    """A damaged copy of a sample at its gap: the header's DAMAGED, the lost passes' lines, the gap in
+    the detail pane, the loss and gap marks in the timeline."""
+    from test_tui_ranks import app_for, write_damaged
+
+    async def run_before(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("x", "x")
+        await _settle(pilot)
+
+    path = tmp_path / "damaged.trace"
+    write_damaged(path)
+    app, traces = app_for([path])
+    with traces:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -49,7 +49,7 @@ def _list_rows(pane: str) -> list[str]:
 
 
 def _is_row(row: str, pass_no: int) -> bool:
-    return re.match(rf"^\W*(◆|✖)?\s*┃?\s*{pass_no}\s", row) is not None
+    return re.match(rf"^\W*(◆|✖|≠|▒|▽)?\s*┃?\s*{pass_no}\s", row) is not None
 
 
 def _row_of(rows: list[str], pass_no: int) -> int:
@@ -123,3 +123,27 @@ def test_tui_in_tmux(tmp_path, width, height):
     finally:
         _tmux("kill-server", check=False)
     assert quit_cleanly, "q did not quit"
+
+
+def test_tui_in_tmux_switches_ranks_and_jumps_to_a_desync(tmp_path):
+    """``schedtrace tui DIR --stall-passes 3`` on a two-rank run: the CLI opens every rank, ] switches,
+    d lands centred on the pass where rank 1 decided otherwise."""
+    from test_tui_ranks import ALTERED, write_run  # tests/ is on sys.path
+
+    folder = write_run(tmp_path / "run")
+    session = f"schedtrace-tui-ranks-{time.monotonic_ns()}"
+    command = f"env -u COLUMNS -u LINES {SCHEDTRACE} tui {folder} --stall-passes 3"
+    _tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "44", command)
+    try:
+        _wait_for(session, "rank tp0 1/2")
+        _wait_for(session, "DESYNC 2 passes")
+        _tmux("send-keys", "-t", session, "]")
+        _wait_for(session, "rank tp1 2/2")
+        _wait_for(session, "events")  # tp1's scan is done
+        _tmux("send-keys", "-t", session, "d")
+        pane = _wait_for(session, f"desync at pass {ALTERED[0]}")
+        assert "ranks disagree (tp): this rank differs from tp0" in pane
+        _assert_centred(session, ALTERED[0])
+        _tmux("send-keys", "-t", session, "q")
+    finally:
+        _tmux("kill-server", check=False)

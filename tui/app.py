@@ -5,7 +5,8 @@ Messages come up (``messages.py``): from the widgets (the cursor moved, a
 chart was clicked) and from thread workers (``workers.py``: the trace scan,
 the charts, filters, the request view, the replay, the report check). The UI
 thread only ever decodes the handful of passes on screen. The prompts'
-actions (``g``, ``/``, ``f``) are in ``prompts.py``.
+actions (``g``, ``/``, ``f``) are in ``prompts.py``; the ranks (``[`` ``]``),
+their comparison and the gaps and losses in ``rank_actions.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
-from schedtrace.tracer.contract.errors import SchedtraceError
-from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.errors import SchedtraceError, TraceDamagedError
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Report
+from schedtrace.tracer.contract.traceset import source_paths
 from schedtrace.tui import workers
+from schedtrace.tui.keys import KEYS, PANES, SHOWN
 from schedtrace.tui.messages import (
     ChartsReady,
     ChartsResized,
@@ -43,15 +45,17 @@ from schedtrace.tui.messages import (
     WorkerFailed,
 )
 from schedtrace.tui.model.charts import ChartData
+from schedtrace.tui.model.damage import GapView
+from schedtrace.tui.model.desync import DesyncIndex
 from schedtrace.tui.model.filters import FilterInputs, PassFilter
 from schedtrace.tui.model.marks import RECORDED, Marks, build_marks
-from schedtrace.tui.model.pass_cache import PassCache
+from schedtrace.tui.model.rank_set import RankSet, Reader
 from schedtrace.tui.model.replay_index import ReplayIndex
 from schedtrace.tui.model.report_match import report_doubts
 from schedtrace.tui.model.rows import ListedPasses
 from schedtrace.tui.model.scan import ScanResult
-from schedtrace.tui.model.why_lines import WhyLines
 from schedtrace.tui.prompts import PromptActions
+from schedtrace.tui.rank_actions import RankActions
 from schedtrace.tui.replay_process import ReplayProcess
 from schedtrace.tui.widgets.bars import Status, StatusLine, TraceHeader
 from schedtrace.tui.widgets.charts import Chart
@@ -60,33 +64,14 @@ from schedtrace.tui.widgets.help import HelpScreen, key_label, keys_text, legend
 from schedtrace.tui.widgets.pass_detail import pass_detail
 from schedtrace.tui.widgets.pass_list import ListHeader, PassList
 from schedtrace.tui.widgets.plots import ChartImage
-from schedtrace.tui.widgets.screens import Prompt, RequestScreen
-
-KEYS: list[tuple[str, str, str]] = [
-    # (key, action, description) — the footer, `?` help and the command palette all list these
-    ("n", "jump('divergence', 1)", "Next divergence"),
-    ("N", "jump('divergence', -1)", "Previous divergence"),
-    ("s", "jump('stall', 1)", "Next stall"),
-    ("S", "jump('stall', -1)", "Previous stall"),
-    ("e", "jump('error', 1)", "Next error"),
-    ("E", "jump('error', -1)", "Previous error"),
-    ("g", "goto", "Go to pass"),
-    ("slash", "find_rid", "Find request"),
-    ("f", "filter", "Filter passes"),
-    ("r", "request", "Request view"),
-    ("tab", "focus_next", "Next pane"),
-    ("question_mark", "help", "Help, legend"),
-    ("q", "quit", "Quit"),
-]
-_SHOWN = {"n", "s", "e", "g", "slash", "f", "r", "question_mark", "q"}
-PANES: list[tuple[str, type]] = [("pass list", PassList), ("detail pane", DetailPane), ("charts", Chart),
-                                 ("request view", RequestScreen), ("a prompt", Prompt), ("this help", HelpScreen)]
+from schedtrace.tui.widgets.screens import RequestScreen
 
 
-class TraceApp(PromptActions, App[None]):
+
+class TraceApp(PromptActions, RankActions, App[None]):
     CSS_PATH = "styles.tcss"
     TITLE = "schedtrace"
-    BINDINGS = [Binding(key, action, description, show=key in _SHOWN) for key, action, description in KEYS
+    BINDINGS = [Binding(key, action, description, show=key in SHOWN) for key, action, description in KEYS
                 if key != "tab"]
 
     # The state the widgets are bound to (see compose). ``var``, not ``reactive``: a change
@@ -104,20 +89,24 @@ class TraceApp(PromptActions, App[None]):
     queue_image: var[ChartImage | None] = var(None, init=False)
     report_doubts: var[list[str]] = var(list, init=False)
     detail: var[list[Text]] = var(lambda: [Text("No pass selected.")], always_update=True, init=False)
+    gaps: var[list[GapView]] = var(list, init=False)  # the shown rank's
+    ranks_verdict: var[tuple[str, bool] | None] = var(None, init=False)  # the header's: what, and a desync?
 
-    def __init__(self, reader: TraceReader, *, report: Report | None = None,
-                 arms: tuple[str, str] | None = None, stall_passes: int = DEFAULT_STALL_PASSES) -> None:
-        """``stall_passes``: the stall rule's threshold for the trace's own stalls (a report has its own)."""
+    def __init__(self, reader: Reader, *, report: Report | None = None,
+                 arms: tuple[str, str] | None = None, stall_passes: int = DEFAULT_STALL_PASSES,
+                 ranks: RankSet | None = None, rank: int = 0) -> None:
+        """``stall_passes``: the stall rule's threshold for the trace's own stalls (a report has its own).
+        ``ranks``: the run's ranks, ``reader`` reading the ``rank``-th (the replay's, if any)."""
         super().__init__()
         self.stall_passes = stall_passes
-        self.reader = reader
-        self.trace_path = reader.path
-        self.cache = PassCache(reader)
-        self.why = WhyLines(reader.header)
-        self.replay = ReplayIndex(report)
+        self.rank_set, self.rank_index, self.home_rank = ranks, rank, rank
+        self.first_reader = reader  # the caller's: closed by the caller
+        self.desync: DesyncIndex | None = None
+        self.attach(reader)
+        self.replay = self.home_replay = ReplayIndex(report)
         self.arms: tuple[str, str] | None = (report.old, report.new) if report is not None else arms
-        self.replay_process = ReplayProcess(reader.path, *arms) if report is None and arms else None
-        self.shared = workers.SharedReader(reader.path)
+        self.home_arms = self.arms
+        self.replay_process = ReplayProcess(source_paths(reader), *arms) if report is None and arms else None
         self.detail_pass: int | None = None  # the pass the detail pane shows
         self.flt: PassFilter | None = None
         self.rid: str | None = None  # the request found with /
@@ -125,13 +114,14 @@ class TraceApp(PromptActions, App[None]):
         self.set_reactive(TraceApp.passes, reader.pass_count if reader.closed_cleanly else 0)
         self.set_reactive(TraceApp.marks, build_marks(None, self.replay))
         self.set_reactive(TraceApp.divergences, len(self.replay.divergences))
-        self.sub_title = Path(self.trace_path).name
+        self.sub_title = self.rank_position or Path(self.trace_path).name
 
     # --- layout ---
 
     def compose(self) -> ComposeResult:
-        yield TraceHeader(self.reader, self.arms, id="trace-header").data_bind(
-            TraceApp.passes, TraceApp.scan, TraceApp.divergences, TraceApp.report_doubts)
+        yield TraceHeader(self.reader, self.arms, self.rank_position, id="trace-header").data_bind(
+            TraceApp.passes, TraceApp.scan, TraceApp.divergences, TraceApp.report_doubts, TraceApp.gaps,
+            ranks=TraceApp.ranks_verdict)
         yield StatusLine(id="status").data_bind(TraceApp.status)
         with Horizontal(id="charts"):
             for kind, image in (("kv", TraceApp.kv_image), ("queue", TraceApp.queue_image)):
@@ -147,17 +137,13 @@ class TraceApp(PromptActions, App[None]):
 
     def on_mount(self) -> None:
         self.query_one(PassList).focus()
-        if self.reader.closed_cleanly:
-            self._show_passes()
-        else:
-            self.set_status("indexing an unclosed trace…")
-            self.index_trace()
-        # After the first frame: the scan thread competes with the UI thread for the GIL.
-        self.call_after_refresh(self.scan_trace)
+        self.start_rank()
+        if self.rank_set is not None and len(self.rank_set) > 1:
+            self.ranks_verdict = ("comparing…", False)
+            self.set_status(f"{len(self.rank_set)} ranks: [ and ] switch, d jumps to where they disagree")
+            self.call_after_refresh(self.compare_ranks)
         if self.replay_process is not None:
             self.run_replay()
-        if self.reader.closed_cleanly:
-            self.call_after_refresh(self.check_report)
 
     @property
     def status_text(self) -> str:
@@ -177,6 +163,16 @@ class TraceApp(PromptActions, App[None]):
         worker = get_current_worker()
         workers.scan(self.shared, self.post_message, cancelled=lambda: worker.is_cancelled,
                      stall_passes=self.stall_passes)
+
+    @work(thread=True, exclusive=True, group="gaps")
+    def find_gaps(self) -> None:
+        workers.find_gaps(self.shared, self.rank_index, self.post_message)
+
+    @work(thread=True, exclusive=True, group="ranks")
+    def compare_ranks(self) -> None:
+        assert self.rank_set is not None
+        worker = get_current_worker()
+        workers.compare(self.rank_set, self.post_message, lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="charts")
     def build_charts(self, scan: ScanResult, marks: Marks, width: int, plot_height: int) -> None:
@@ -210,7 +206,8 @@ class TraceApp(PromptActions, App[None]):
     def on_index_ready(self, message: IndexReady) -> None:
         self.passes = message.passes
         self._show_passes()
-        self.check_report()
+        if self.rank_index == self.home_rank:
+            self.check_report()
         if self.reader.truncated_at is not None:
             self.set_status(f"trace is truncated at byte {self.reader.truncated_at:,}: "
                             f"showing the {self.passes:,} passes before it")
@@ -265,13 +262,19 @@ class TraceApp(PromptActions, App[None]):
                         f"{len(self.replay.divergences):,} divergences so far")
 
     def on_divergence_found(self, message: DivergenceFound) -> None:
-        self.replay.add(message.divergence)
+        self.home_replay.add(message.divergence)
+        if self.rank_index != self.home_rank:
+            return  # the replay is of the first rank shown
         self.marks.add_divergence(message.divergence.pass_)
         self.mutate_reactive(TraceApp.marks)
         self.divergences = len(self.replay.divergences)
 
     def on_replay_done(self, message: ReplayDone) -> None:
-        self.replay = ReplayIndex(message.report)
+        self.home_replay = ReplayIndex(message.report)
+        if self.rank_index != self.home_rank:
+            self.set_status(f"replay of rank {self.rank_set.ranks[self.home_rank].label} done")
+            return
+        self.replay = self.home_replay
         self._rebuild_marks()
         self.divergences = len(self.replay.divergences)
         self.set_status(f"replay done: {len(self.replay.divergences):,} divergences")
@@ -295,7 +298,8 @@ class TraceApp(PromptActions, App[None]):
             self.notify(message.message, severity="error")
 
     def _rebuild_marks(self) -> None:
-        self.marks = build_marks(self.scan, self.replay)
+        desync = self.desync.of(self.rank_label) if self.desync is not None else ()
+        self.marks = build_marks(self.scan, self.replay, desync=desync, gaps=[gap.position for gap in self.gaps])
         self._rebuild_charts()
 
     # --- selection ---
@@ -330,6 +334,9 @@ class TraceApp(PromptActions, App[None]):
         n = self.detail_pass = self.selected
         try:
             p = self.cache.get(n)
+        except TraceDamagedError as exc:
+            self.detail = self.lost_detail(n, exc)
+            return
         except SchedtraceError as exc:
             self.detail = [Text(f"Pass {n} cannot be read: {exc}", style="bold red")]
             return
@@ -348,24 +355,26 @@ class TraceApp(PromptActions, App[None]):
             failed_alloc=self.marks.failed_alloc_at(n),
             why=why,
             searched=self.rid,
+            events=self.rank_events(n, p),
         )
 
     # --- actions ---
 
     def action_jump(self, kind: str, direction: int) -> None:
-        if kind == "divergence" and self.arms is None:
-            self.notify("No replay loaded: open with --report or --old/--new.", severity="warning")
-            return
-        if kind != "divergence" and self.scan is None and not len(self.marks.of(kind)):
-            self.notify(f"Still scanning the trace for {kind}s…", severity="warning")
+        refused = self.jump_refused(kind)
+        if refused is not None:
+            self.notify(refused, severity="warning")
             return
         target = (self.marks.next if direction > 0 else self.marks.previous)(kind, self.selected)
         if target is None:
-            self.notify(f"No {'later' if direction > 0 else 'earlier'} {kind}.", severity="information")
+            what = "gap or loss" if kind == "damage" else kind
+            self.notify(f"No {'later' if direction > 0 else 'earlier'} {what}.", severity="information")
             return
         self.select_pass(target)
         if kind == "stall":
             self.set_status(self.marks.stall_status(target))
+        elif kind in ("desync", "damage"):
+            self.set_status(self.jump_status(kind, target))
 
     def action_request(self) -> None:
         rid = self.rid or self._rid_at_selection()

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from schedtrace.tracer.contract.report import Divergence, Report
+from schedtrace.tui.model.damage import GapView
+from schedtrace.tui.model.desync import DesyncIndex
 from schedtrace.tui.model.filters import PassFilter
 from schedtrace.tui.model.lifecycle import LifeStep
 from schedtrace.tui.model.charts import ChartData
@@ -69,8 +71,23 @@ class ReplayDone(Message):
 
 
 @dataclass
+class RanksCompared(Message):
+    """Every rank of the run compared (``analysis.ranks``): where each disagrees."""
+
+    desync: DesyncIndex
+
+
+@dataclass
+class GapsFound(Message):
+    """The shown rank's unreadable regions (``rank``: which rank they are of, in the app's RankSet)."""
+
+    rank: int
+    gaps: list[GapView]
+
+
+@dataclass
 class WorkerFailed(Message):
-    what: str  # "index", "scan", "filter", "replay", "charts"
+    what: str  # "index", "scan", "filter", "replay", "charts", "ranks", "gaps"
     message: str
 
 

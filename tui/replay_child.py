@@ -6,7 +6,9 @@ stopped), and sglang's import left the browser's exit slow even after. So
 the browser runs this module as a child in its own process group and kills
 the group when it quits; any worker processes the replay starts go with it.
 
-    python -m schedtrace.tui.replay_child TRACE OLD NEW
+    python -m schedtrace.tui.replay_child OLD NEW PART...
+
+(the parts of one rank, read as one trace)
 
 writes frames to stdout: a 4-byte big-endian length, then a msgpack
 ``[kind, payload]``. Kinds: ``progress`` ([done, total]), ``divergence`` (a
@@ -59,18 +61,19 @@ def read_frames(stream: BinaryIO) -> Iterator[tuple[str, object]]:
 
 
 def main(argv: list[str]) -> int:
-    path, old, new = argv
+    old, new, *paths = argv
     # The frames own the real stdout; anything else printed (sglang logs) goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     try:
-        from schedtrace.replay.engine import replay_trace  # imports sglang
+        from schedtrace.replay.engine import reopened, replay_trace  # imports sglang
 
-        report = replay_trace(
-            path, old, new,
-            on_progress=lambda done, total: write_frame(out, "progress", (done, total)),
-            on_divergence=lambda d: write_frame(out, "divergence", d),
-        )
+        with reopened(tuple(paths)) as source:
+            report = replay_trace(
+                source, old, new,
+                on_progress=lambda done, total: write_frame(out, "progress", (done, total)),
+                on_divergence=lambda d: write_frame(out, "divergence", d),
+            )
     except ImportError as exc:
         write_frame(out, "failed", f"replay engine not available: {exc}")
         return 1

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,8 +23,8 @@ Post = Callable[[Message], object]
 class ReplayProcess:
     """``replay_child`` run for one trace and two arms; ``stop`` ends it (and what it started) at once."""
 
-    def __init__(self, path: str | Path, old: str, new: str) -> None:
-        self.command = [sys.executable, "-m", "schedtrace.tui.replay_child", str(path), old, new]
+    def __init__(self, paths: Sequence[str | Path], old: str, new: str) -> None:
+        self.command = [sys.executable, "-m", "schedtrace.tui.replay_child", old, new, *map(str, paths)]
         self.process: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._stopped = False

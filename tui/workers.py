@@ -12,16 +12,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from textual.message import Message
 
 from schedtrace.tracer.contract.errors import SchedtraceError
-from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.analysis.ranks import compare_ranks
 from schedtrace.tui.messages import (
     ChartsReady,
     FilterReady,
+    GapsFound,
     IndexReady,
+    RanksCompared,
     RequestFailed,
     RequestLoaded,
     ScanDone,
@@ -29,9 +30,12 @@ from schedtrace.tui.messages import (
     WorkerFailed,
 )
 from schedtrace.tui.model.charts import chart_data
+from schedtrace.tui.model.damage import reader_gaps
+from schedtrace.tui.model.desync import DesyncIndex
 from schedtrace.tui.model.filters import FilterInputs, PassFilter, apply_filter
 from schedtrace.tui.model.lifecycle import find_rid_passes, request_life
 from schedtrace.tui.model.marks import Marks
+from schedtrace.tui.model.rank_set import RankSet, Reader, StoppableRank, reopen
 from schedtrace.tui.model.rids import RidSpan
 from schedtrace.tui.model.scan import ScanResult, scan_trace
 
@@ -41,7 +45,7 @@ SCAN_SWITCH_INTERVAL_S = 0.0005
 MAX_REQUEST_PASSES = 200_000  # the request view reads at most this many passes of one rid's span
 
 
-def count_passes(reader: TraceReader, post: Post) -> None:
+def count_passes(reader: Reader, post: Post) -> None:
     try:
         count = reader.pass_count  # one linear scan of an unclosed file
     except SchedtraceError as exc:
@@ -59,16 +63,16 @@ class SharedReader:
     (the UI thread keeps reading through the app's own).
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = path
+    def __init__(self, like: Reader) -> None:
+        self.like = like  # the UI thread's reader: this one reads the same trace (every part, past gaps alike)
         self._lock = threading.Lock()
-        self._reader: TraceReader | None = None
+        self._reader: Reader | None = None
 
     @contextmanager
-    def use(self) -> Iterator[TraceReader]:
+    def use(self) -> Iterator[Reader]:
         with self._lock:
             if self._reader is None:
-                self._reader = TraceReader(self.path)
+                self._reader = reopen(self.like)
             yield self._reader
 
     def close(self) -> None:
@@ -146,3 +150,30 @@ def build_charts(shared: SharedReader, scan: ScanResult, marks: Marks, width: in
         return
     if data is not None:
         post(ChartsReady(data, kv_image(data, width, plot_height), queue_image(data, width, plot_height)))
+
+
+def compare(ranks: RankSet, post: Post, cancelled: Callable[[], bool]) -> None:
+    """Compare every rank of the run, as ``schedtrace ranks`` does, through readers of its own."""
+    traces = [StoppableRank(r, cancelled) for r in ranks.ranks]
+    index = DesyncIndex({r.label: r.header.first_pass for r in traces})
+    try:
+        report = compare_ranks(traces, run=ranks.run, on_point=index.add)
+    except SchedtraceError as exc:
+        post(WorkerFailed("ranks", str(exc)))
+        return
+    finally:
+        for trace in traces:
+            trace.close()
+    if cancelled():
+        return  # the comparison stopped part-way: nothing to show
+    post(RanksCompared(index.finish(report, {r.label: r.header.start_wall_ns for r in ranks.ranks})))
+
+
+def find_gaps(shared: SharedReader, rank: int, post: Post) -> None:
+    try:
+        with shared.use() as own:
+            gaps = reader_gaps(own)
+    except SchedtraceError as exc:
+        post(WorkerFailed("gaps", str(exc)))
+        return
+    post(GapsFound(rank, gaps))

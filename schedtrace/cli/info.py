@@ -1,7 +1,9 @@
 """``schedtrace info TRACE...``: what each rank's trace holds, and what looks wrong.
 
 The summary itself is ``schedtrace.tracer.analysis.summary`` (pure, also the
-``--json`` output); this module only renders it, one rank after another.
+``--json`` output), with the trace's holes (``tracer.analysis.holes``) under
+``holes``; this module only renders it, one rank after another. Every rank
+is read past its unreadable regions, as replay reads it.
 """
 
 from __future__ import annotations
@@ -10,20 +12,32 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
-from schedtrace.cli.options import (STDOUT, chosen_ranks, json_option, ranks_json, stall_passes_option,
-                                    traces_argument, write_json)
-from schedtrace.cli.style import compact_table, plural, summary_console
+from schedtrace.cli.holes import print_holes
+from schedtrace.cli.options import chosen_ranks, json_option, stall_passes_option, damaged_traces_argument
+from schedtrace.cli.per_rank import write_reports
+from schedtrace.cli.style import compact_table, plural
+from schedtrace.tracer.analysis.holes import scan_holes
 from schedtrace.tracer.analysis.summary import summarize
-from schedtrace.tracer.contract.traceset import TraceSet
+from schedtrace.tracer.contract.report import Holes
+from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
+def _holes(summary: dict[str, Any]) -> Holes:
+    """The summary's holes (none in a summary made without them)."""
+    return msgspec.convert(summary.get("holes", {}), Holes)
+
+
 def _file_state(summary: dict[str, Any]) -> str:
-    if summary["closed_cleanly"]:
+    regions = _holes(summary).region_count
+    if summary["closed_cleanly"] and not regions:  # never "cleanly" over an unreadable region
         return "closed cleanly"
+    if regions:
+        return f"NOT closed cleanly: {plural(regions, 'unreadable region')} (holes below)"
     if summary["truncated_at"] is not None:
         return f"NOT closed cleanly; valid data ends at offset {summary['truncated_at']}"
     return "NOT closed cleanly (no torn tail)"
@@ -49,6 +63,8 @@ def _anomalies(a: dict[str, Any], console: Console) -> None:
         for s in stalls:
             table.add_row(str(s["first_pass"]), str(s["passes"]), s["head_rid"] or "-", str(s["kv_free"]))
         console.print(Padding(table, (0, 0, 0, 4), expand=False))
+    for why, passes in a["stall_rule_estimates"].items():
+        console.print(f"    the rule is an estimate on {plural(passes, 'pass')}: {why}", soft_wrap=True)
 
 
 def _pools(pools: list[dict[str, Any]], console: Console) -> None:
@@ -71,13 +87,14 @@ def render(summary: dict[str, Any], console: Console) -> None:
                       + ", ".join(summary["parts"][1:]))
     console.print(f"model {h['model']}")
     console.print(f"sglang {h['sglang_version']}, schedtrace {h['schedtrace_version']}")
-    console.print(f"host {h['host']}, pid {h['pid']}, tp rank {h['tp_rank']}, dp rank {h['dp_rank']}, "
+    console.print(f"host {h['host']}, pid {h['pid']}, tp rank {h['tp_rank']}, dp rank {h['dp_rank'] or 0}, "
                   f"part {h['part']} from pass {h['first_pass']}")
     args = compact_table(("server arg", "value"), shrink=("value",))
     for key, value in h["server_args"].items():
         args.add_row(key, str(value))
     console.print(args)
     console.print(f"file: {summary['file_size']} bytes, {_file_state(summary)}")
+    print_holes(_holes(summary), console)
     counts = compact_table(("contents", "count"), shrink=("count",))
     counts.add_row("duration", f"{summary['duration_ns'] / 1e9:.3f} s")
     counts.add_row("passes", f"{summary['passes']} in {plural(summary['pass_records'], 'record')} "
@@ -95,8 +112,15 @@ def render(summary: dict[str, Any], console: Console) -> None:
     _anomalies(summary["anomalies"], console)
 
 
+def _summary(rank: RankTrace, stall_passes: int) -> dict[str, Any]:
+    """The rank's summary and its holes, read past its unreadable regions."""
+    summary = summarize(rank, stall_passes)
+    summary["holes"] = msgspec.to_builtins(scan_holes(rank))
+    return summary
+
+
 @click.command(short_help="Summarize a trace: contents and anomalies, per rank.")
-@traces_argument
+@damaged_traces_argument
 @json_option("the summary (several ranks: one per rank)")
 @stall_passes_option("--min-run")
 def info(traces: TraceSet, rank: str | None, run_id: str | None, json_out: str | None, stall_passes: int) -> None:
@@ -105,16 +129,9 @@ def info(traces: TraceSet, rank: str | None, run_id: str | None, json_out: str |
     (failed allocations, exceptions, stalls while KV was free)."""
     with traces:
         run, ranks = chosen_ranks(traces, rank, run_id)
-        summaries = {r.label: summarize(r, stall_passes) for r in ranks}
-    if json_out is not None:
-        if len(summaries) == 1:
-            (summary,) = summaries.values()
-            write_json(json_out, json.dumps(summary, sort_keys=True).encode() + b"\n")
-        else:
-            write_json(json_out, ranks_json(run, summaries))
-    if json_out != STDOUT:
-        console = summary_console()
-        for label, summary in summaries.items():
-            if len(summaries) > 1:
-                console.rule(f"rank {label}")
-            render(summary, console)
+        summaries = {r.label: _summary(r, stall_passes) for r in ranks}
+    write_reports(run, summaries, json_out, _dumped, render)
+
+
+def _dumped(summary: dict[str, Any]) -> bytes:
+    return json.dumps(summary, sort_keys=True).encode() + b"\n"

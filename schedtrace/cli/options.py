@@ -7,6 +7,8 @@ not after the 12 s sglang import.
 ``--json PATH`` means one thing in every command: write the command's JSON
 to PATH; ``-`` writes it to stdout in place of the human summary.
 
+``--ray`` and ``--address`` run a command's work as Ray tasks (``executor_for``).
+
 ``TRACE...`` is a trace set: files, globs or directories, grouped into runs,
 ranks and parts (``schedtrace.tracer.contract.traceset``). A command reads
 every rank of the run, or the one ``--rank`` names; its JSON is then one
@@ -29,7 +31,7 @@ from click.core import ParameterSource
 
 from schedtrace.tracer.contract.errors import SchedtraceError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK
+from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, RAY_ADDRESS_ENV, STOCK
 from schedtrace.tracer.contract.traceset import RankTrace, Run, TraceSet, open_traceset
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,27 +79,36 @@ def trace_argument(f: F) -> F:
     return click.argument("trace", type=TRACE)(f)
 
 
-def _open_traces(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> TraceSet:
-    # Headers and footers only: a missing part or a bad file fails here, before sglang is imported.
-    return open_traceset(value)
+def _trace_opener(skip_damaged: bool) -> Callable[[click.Context, click.Parameter, tuple[str, ...]], TraceSet]:
+    def open_traces(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> TraceSet:
+        # Headers and footers only: a missing part or a bad file fails here, before sglang is imported.
+        return open_traceset(value, skip_damaged=skip_damaged)
+
+    return open_traces
 
 
-def _traces(f: F, ranks_by_default: str) -> F:
+def _traces(f: F, rank_help: str, *, skip_damaged: bool) -> F:
     f = click.option("--run", "run_id", metavar="ID",
                      help="The run to read, by its id or a prefix, when the files hold several.")(f)
-    f = click.option("--rank", metavar="RANK",
-                     help=f"Read only this rank (tp3, dp1.tp3, or a bare tp rank); default: {ranks_by_default}.")(f)
-    return click.argument("traces", nargs=-1, required=True, metavar="TRACE...", callback=_open_traces)(f)
+    f = click.option("--rank", metavar="RANK", help=f"{rank_help} (tp3, dp1.tp3, or a bare tp rank).")(f)
+    return click.argument("traces", nargs=-1, required=True, metavar="TRACE...",
+                          callback=_trace_opener(skip_damaged))(f)
 
 
 def traces_argument(f: F) -> F:
-    """``TRACE...``: files, globs or directories, opened as a ``TraceSet`` while click parses."""
-    return _traces(f, "every rank")
+    """``TRACE...``: files, globs or directories, opened as a ``TraceSet`` while click parses;
+    an unreadable region stops the command (it has no way to show what was lost)."""
+    return _traces(f, "Read only this rank; default: every rank", skip_damaged=False)
+
+
+def damaged_traces_argument(f: F) -> F:
+    """``TRACE...`` read past unreadable regions, for the commands that list them (info, replay, bisect)."""
+    return _traces(f, "Read only this rank; default: every rank", skip_damaged=True)
 
 
 def one_rank_traces_argument(f: F) -> F:
-    """``TRACE...`` for a command that reads one rank (``tui``): the first unless ``--rank``."""
-    return _traces(f, "the first rank")
+    """``TRACE...`` for the browser (``tui``), read past unreadable regions, which it marks."""
+    return _traces(f, "The rank to start on; default: the first", skip_damaged=True)
 
 
 def chosen_ranks(traces: TraceSet, rank: str | None, run_id: str | None, *,
@@ -214,3 +225,42 @@ def atomic_output(target: str) -> Iterator[IO[bytes]]:
 def write_json(target: str, data: bytes) -> None:
     with atomic_output(target) as out:
         out.write(data)
+
+
+def _ray_flag(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    from schedtrace.replay.ray_executor import INSTALL_HINT, ray_missing  # imports no ray
+
+    if value and ray_missing():
+        raise UsageError(INSTALL_HINT)  # now, before sglang is imported
+    return value
+
+
+def ray_options(f: F) -> F:
+    """``--ray`` (work as Ray tasks) and ``--address ADDR`` (the cluster; default RAY_ADDRESS, else a
+    Ray started here with --jobs CPUs)."""
+    f = click.option("--address", metavar="ADDR", default=None,
+                     help=f"With --ray: the Ray cluster to join (default: ${RAY_ADDRESS_ENV}, "
+                     "else Ray starts here with --jobs CPUs).")(f)
+    return click.option("--ray", "use_ray", is_flag=True, callback=_ray_flag,
+                        help="Run the work as Ray tasks (pip install 'schedtrace[ray]'); same report.")(f)
+
+
+@contextmanager
+def executor_for(use_ray: bool, address: str | None, jobs: int | None, activity: Any) -> Iterator[Any]:
+    """The executor a command's options ask for: ``jobs`` local processes (None: 1), or Ray with ``jobs``
+    CPUs (None: the machine's) or a cluster's; a Ray started here is shut down after.
+
+    ``activity`` (``progress.Activity``) draws the bar over every Ray task."""
+    from schedtrace.replay.executor import LocalExecutor
+
+    if address is not None and not use_ray:
+        raise UsageError("--address names a Ray cluster: give --ray too")
+    if not use_ray:
+        yield LocalExecutor(jobs or 1)
+        return
+    from schedtrace.replay.ray_executor import RayExecutor
+
+    joining = address or os.environ.get(RAY_ADDRESS_ENV)
+    activity.phase(f"joining Ray at {joining}" if joining else "starting Ray")
+    with RayExecutor(address, jobs=jobs, on_task=activity.tasks("Ray tasks")) as executor:
+        yield executor

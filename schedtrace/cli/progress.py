@@ -1,4 +1,4 @@
-"""What a long command shows while it works: a spinner, then a bar over passes.
+"""What a long command shows while it works: a spinner, a bar over passes, and one over Ray tasks.
 
 Only on a terminal: when stderr is a pipe or a file (tests, CI, ``2>log``)
 nothing is drawn, so captured output stays exactly the command's own.
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 SGLANG_ENTRY = "schedtrace.replay.driver"
 
 ProgressCallback = Callable[[int, int], None]  # (passes done, total), as replay.engine calls it
+TaskCallback = Callable[[int, int, int], None]  # (tasks done, submitted, retried), as replay.executor calls it
 
 
 class Activity:
@@ -62,3 +63,14 @@ class Activity:
             self._progress.update(task, total=max(total, 1), completed=done, count=f"{done}/{total} passes")
 
         return on_progress
+
+    def tasks(self, description: str) -> TaskCallback:
+        """A bar of its own over every task a distributed backend runs, across all the steps."""
+        task = self._progress.add_task(description, total=None, count="")
+
+        def on_task(done: int, submitted: int, retried: int) -> None:
+            again = f", {retried} retried" if retried else ""
+            self._progress.update(task, total=max(submitted, 1), completed=done,
+                                  count=f"{done}/{submitted} tasks{again}")
+
+        return on_task

@@ -10,18 +10,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from schedtrace.cli.options import (STDOUT, chosen_ranks, from_pass_option, jobs_option, json_option, old_new_options,
-                                    ranks_json, stall_passes_option, traces_argument, write_json)
+from schedtrace.cli.options import (chosen_ranks, executor_for, from_pass_option, jobs_option, json_option,
+                                    old_new_options, ray_options, stall_passes_option, damaged_traces_argument)
+from schedtrace.cli.holes import print_holes
+from schedtrace.cli.per_rank import exit_if_tripped, retry_note, write_reports
 from schedtrace.cli.progress import Activity
-from schedtrace.cli.style import compact_table, plural, summary_console
+from schedtrace.cli.style import compact_table, plural
 from schedtrace.tracer.contract.names import STOCK
 from schedtrace.tracer.contract.report import ClosedLoop, Report, SelfCheck
-from schedtrace.tracer.contract.traceset import TraceSet
+from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-FAIL_ON = ("none", "divergence", "stall", "error")
+FAIL_ON = ("none", "divergence", "stall", "error", "gaps")
 MAX_MISMATCHES_SHOWN = 10
 MAX_PASSES_LISTED = 5  # per divergence kind
 
@@ -34,13 +36,16 @@ def gate_tripped(report: Report, fail_on: str) -> bool:
         return bool(report.stalls.get(report.new))
     if fail_on == "error":
         return bool(report.errors.get(report.new))
+    if fail_on == "gaps":
+        return bool(report.holes.count)
     return False
 
 
 def _fidelity(report: Report, console: Console) -> None:
     fid = report.fidelity
     style = "green" if fid.matched == fid.total else "red"
-    console.print(f"fidelity ({fid.arm} vs recording): [{style}]{fid.matched}/{fid.total}[/]")
+    present = " over the passes present" if report.holes.count else ""  # the holes are listed above
+    console.print(f"fidelity ({fid.arm} vs recording): [{style}]{fid.matched}/{fid.total}[/]{present}")
     for m in fid.mismatches[:MAX_MISMATCHES_SHOWN]:
         console.print(f"  pass {m.pass_}: {', '.join(m.fields)}")
     if len(fid.mismatches) > MAX_MISMATCHES_SHOWN:
@@ -120,6 +125,9 @@ def render(report: Report, console: Console) -> None:
                   f"{report.old} vs {report.new}")
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+    print_holes(report.holes, console, title=False)  # the warnings say how much is missing
+    if retry_note(report.retried_tasks):
+        console.print(retry_note(report.retried_tasks))
     if report.unknown_records:
         skipped = ", ".join(f"{tag}={n}" for tag, n in report.unknown_records.items())
         console.print(f"[yellow]skipped unknown records:[/] {skipped}")
@@ -135,47 +143,61 @@ def render(report: Report, console: Console) -> None:
 
 
 @click.command(short_help="Replay a trace under two arms and compare them, per rank.")
-@traces_argument
+@damaged_traces_argument
 @old_new_options()
 @json_option("the report (docs/replay-report.md; several ranks: one per rank)")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="none", show_default=True,
               help="Exit 1 when this is found (on any rank).")
 @stall_passes_option()
 @jobs_option
+@ray_options
 @click.option("--closed-loop", is_flag=True, help="Also re-simulate each arm forward (closed loop).")
 @from_pass_option
 def replay(traces: TraceSet, rank: str | None, run_id: str | None, old: str, new: str, json_out: str | None,
-           fail_on: str, stall_passes: int, jobs: int, closed_loop: bool, from_pass: int) -> None:
+           fail_on: str, stall_passes: int, jobs: int, use_ray: bool, address: str | None, closed_loop: bool,
+           from_pass: int) -> None:
     """Replay each rank of TRACE... (files, globs or directories; a rank's parts read as one)
     through the real sglang scheduler under two logic variants."""
     from schedtrace.tracer.contract.report import dump_report
 
-    reports: dict[str, Report] = {}
     with traces, Activity() as activity:
         run, ranks = chosen_ranks(traces, rank, run_id)
-        activity.import_sglang()
-        from schedtrace.replay.closed_loop import run_closed_loop
-        from schedtrace.replay.engine import replay_trace
+        with executor_for(use_ray, address, jobs, activity) as executor:
+            activity.import_sglang()
+            reports = _replay_all(ranks, executor, activity, use_ray, old, new, stall_passes=stall_passes,
+                                  closed_loop=closed_loop, from_pass=from_pass)
+    write_reports(run, reports, json_out, dump_report, render)
+    exit_if_tripped(reports, lambda report: gate_tripped(report, fail_on), f"--fail-on {fail_on}")
 
-        for r in ranks:
-            which = f" ({r.label})" if len(ranks) > 1 else ""
-            report = replay_trace(r, old, new, stall_passes=stall_passes, jobs=jobs,
+
+def _replay_all(ranks: tuple[RankTrace, ...], executor, activity: Activity, use_ray: bool, old: str, new: str, *,
+                stall_passes: int, closed_loop: bool, from_pass: int) -> dict[str, Report]:
+    """Each rank's report. On Ray, a set of at least as many ranks as workers runs a task per rank;
+    else each rank's pass ranges (and closed-loop arms) are the tasks."""
+    from schedtrace.replay.closed_loop import run_closed_loop
+    from schedtrace.replay.engine import replay_trace
+    from schedtrace.replay.set_tasks import closed_loop_on, replay_ranks
+
+    whole = use_ray and 1 < len(ranks) and executor.workers <= len(ranks)
+    if whole:
+        activity.phase(f"replaying {len(ranks)} ranks, a Ray task each")
+        found = iter(replay_ranks(executor, ranks, old, new, stall_passes=stall_passes))
+    reports: dict[str, Report] = {}
+    for r in ranks:
+        which = f" ({r.label})" if len(ranks) > 1 else ""
+        retried = executor.retried
+        if whole:
+            report = next(found)
+            retried -= report.retried_tasks
+        else:
+            report = replay_trace(r, old, new, stall_passes=stall_passes, executor=executor,
                                   on_progress=activity.passes(f"replaying {old} and {new}{which}"))
-            if closed_loop:
-                arms = list(dict.fromkeys((old, new)))
-                activity.phase(f"closed loop: {', '.join(arms)}{which}")  # no per-pass progress from closed_loop yet
-                report.closed_loop = run_closed_loop(r, arms, from_pass=from_pass, stall_passes=stall_passes)
-            reports[r.label] = report
-    if json_out is not None:
-        write_json(json_out, dump_report(*reports.values()) if len(reports) == 1 else ranks_json(run, reports))
-    if json_out != STDOUT:
-        console = summary_console()
-        for label, report in reports.items():
-            if len(reports) > 1:
-                console.rule(f"rank {label}")
-            render(report, console)
-    tripped = [label for label, report in reports.items() if gate_tripped(report, fail_on)]
-    if tripped:
-        where = f" on {', '.join(tripped)}" if len(reports) > 1 else ""
-        click.echo(f"schedtrace: --fail-on {fail_on}: tripped{where}", err=True)
-        raise click.exceptions.Exit(1)
+        if closed_loop:
+            arms = list(dict.fromkeys((old, new)))
+            activity.phase(f"closed loop: {', '.join(arms)}{which}")  # no per-pass progress from closed_loop yet
+            report.closed_loop = (closed_loop_on(executor, r, arms, from_pass=from_pass, stall_passes=stall_passes)
+                                  if use_ray else run_closed_loop(r, arms, from_pass=from_pass,
+                                                                  stall_passes=stall_passes))
+        report.retried_tasks = executor.retried - retried  # the pass ranges' and the arms'
+        reports[r.label] = report
+    return reports

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from schedtrace.cli.options import (DEFAULT_JOBS, STDOUT, from_pass_option, json_option, stall_passes_option,
-                                    trace_argument, write_json)
+from schedtrace.cli.options import (DEFAULT_JOBS, STDOUT, executor_for, from_pass_option, json_option, ray_options,
+                                    stall_passes_option, trace_argument, write_json)
+from schedtrace.cli.per_rank import retry_note
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
 from schedtrace.replay.sweep_grid import KEYS, Value, parse_grid
@@ -192,6 +193,8 @@ def render(report: SweepReport, console: Console, heatmap: tuple[str, str, str |
             console.print(table)
     for line in footer_lines(report):
         console.print(line, highlight=False, soft_wrap=False)
+    if retry_note(report.retried_tasks):
+        console.print(retry_note(report.retried_tasks), highlight=False)
 
 
 @click.command(short_help="What-if: closed loops of each arm over a grid of server arguments.")
@@ -208,9 +211,11 @@ def render(report: SweepReport, console: Console, heatmap: tuple[str, str, str |
 @stall_passes_option()
 @from_pass_option
 @click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, metavar="N", show_default=True,
-              help="Worker processes running cells (the result is the same for any N).")
+              help="Worker processes running cells (the result is the same for any N; with --ray: Ray's CPUs).")
+@ray_options
 def sweep(trace: Path, grid: dict[str, list[Value]], arms: list[str], json_out: str | None, heatmap: str | None,
-          x_key: str | None, y_key: str | None, stall_passes: int, from_pass: int, jobs: int) -> None:
+          x_key: str | None, y_key: str | None, stall_passes: int, from_pass: int, jobs: int, use_ray: bool,
+          address: str | None) -> None:
     """Run the closed loop of every arm in every cell of the --set grid, from the recorded arrivals,
     with the real sglang scheduler under each cell's server arguments (docs/sweep.md)."""
     from schedtrace.tracer.contract.report import dump_sweep
@@ -218,14 +223,12 @@ def sweep(trace: Path, grid: dict[str, list[Value]], arms: list[str], json_out: 
     axes = heatmap_axes(grid, x_key, y_key) if heatmap is not None else None
     if heatmap is None and (x_key or y_key):
         raise UsageError("--x and --y draw a heatmap: give --heatmap METRIC too")
-    with Activity() as activity:
+    with Activity() as activity, executor_for(use_ray, address, jobs, activity) as executor:
         activity.import_sglang()
-        from schedtrace.replay.executor import LocalExecutor
         from schedtrace.replay.sweep import run_sweep
 
         activity.phase("sweeping")
-        report = run_sweep(trace, grid, arms, from_pass=from_pass, stall_passes=stall_passes,
-                           executor=LocalExecutor(jobs),
+        report = run_sweep(trace, grid, arms, from_pass=from_pass, stall_passes=stall_passes, executor=executor,
                            on_cell=lambda done, total: activity.phase(f"sweeping: {done}/{total} runs done"))
     if json_out is not None:
         write_json(json_out, dump_sweep(report))

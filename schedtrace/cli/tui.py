@@ -1,29 +1,32 @@
-"""``schedtrace tui``: browse one rank's trace, alone or with its replay.
+"""``schedtrace tui``: browse a run's traces in the terminal, rank by rank, alone or with a replay.
 
-The browser shows one rank: the first of the run, or ``--rank``'s. Its
-background readers reopen the trace by file name, so a rank of several parts
-is browsed from its first part only, with a warning.
+Every rank of the run is browsable (``[`` and ``]`` switch); it starts on the
+first, or on ``--rank``'s. A rank's parts are read as one trace, and a
+damaged file is read past its gaps, which the browser lists and marks. A
+replay (``--report``, ``--old/--new``) is of the rank it starts on.
 """
 
 from __future__ import annotations
 
 import click
 
-from schedtrace.cli.options import chosen_ranks, old_new_options, one_rank_traces_argument
+from schedtrace.cli.options import chosen_ranks, old_new_options, one_rank_traces_argument, stall_passes_option
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.traceset import TraceSet
 
 
-@click.command(short_help="Browse one rank's trace in the terminal, alone or with its replay.")
+@click.command(short_help="Browse a run's traces in the terminal, rank by rank, alone or with its replay.")
 @one_rank_traces_argument
-@click.option("--report", "report_path", metavar="REPLAY.json", help="A replay report (of this rank) to show.")
-@old_new_options(old=None, new=None, why=" (replays the trace now)")
+@click.option("--report", "report_path", metavar="REPLAY.json",
+              help="A replay report (of the rank shown first) to show.")
+@old_new_options(old=None, new=None, why=" (replays the rank shown first now)")
+@stall_passes_option()
 def tui(traces: TraceSet, rank: str | None, run_id: str | None, report_path: str | None, old: str | None,
-        new: str | None) -> None:
-    """Browse one rank of TRACE... in the terminal (the first rank, or --rank's): timeline, passes,
-    divergences, requests."""
-    from schedtrace.tracer.contract.format import TraceReader
+        new: str | None, stall_passes: int) -> None:
+    """Browse the ranks of TRACE... in the terminal (from the first, or --rank's; [ and ] switch):
+    timeline, passes, divergences, desyncs between ranks, gaps, requests."""
     from schedtrace.tracer.contract.report import load_report
+    from schedtrace.tui.model.rank_set import RankSet, open_rank
 
     if report_path and (old or new):
         raise UsageError("use either --report or --old/--new, not both")
@@ -31,20 +34,15 @@ def tui(traces: TraceSet, rank: str | None, run_id: str | None, report_path: str
         raise UsageError("--old and --new go together")
     with traces:
         run, (chosen,) = chosen_ranks(traces, rank, run_id, first_only=True)
-        if len(run.ranks) > 1 and rank is None:
-            click.echo(f"schedtrace: note: browsing rank {chosen.label} of {len(run.ranks)} "
-                       f"({', '.join(r.label for r in run.ranks)}); choose another with --rank", err=True)
-        if len(chosen.parts) > 1:
-            click.echo(f"schedtrace: warning: rank {chosen.label} has {len(chosen.parts)} parts; the browser "
-                       f"reads one file, so it shows the first: {chosen.path}", err=True)
-    # Open (and so check) both files before the terminal switches to the app:
-    # a bad path or corrupt header is one line on stderr, not a screen.
-    reader = TraceReader(chosen.path)
-    try:
-        report = load_report(report_path) if report_path else None
+        # Open (and so check) the trace and the report before the terminal switches to the app:
+        # a bad path or corrupt header is one line on stderr, not a screen.
+        reader = open_rank(chosen)
+        try:
+            report = load_report(report_path) if report_path else None
 
-        from schedtrace.tui.app import TraceApp
+            from schedtrace.tui.app import TraceApp
 
-        TraceApp(reader, report=report, arms=(old, new) if old and new else None).run()
-    finally:
-        reader.close()
+            TraceApp(reader, report=report, arms=(old, new) if old and new else None, stall_passes=stall_passes,
+                     ranks=RankSet(run.label, run.ranks), rank=run.ranks.index(chosen)).run()
+        finally:
+            reader.close()

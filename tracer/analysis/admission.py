@@ -11,27 +11,29 @@ continuing chunk sized by chunk-cap), without importing sglang: the budget
 running requests' decode reservation − what earlier admissions in the pass
 reserved, against the head's need ``extend + decode + one page``, strictly.
 
-docs/replay-report.md ("The stall rule") lists what is mirrored and what is
-not; where it is not, the check's ``estimate`` says why.
+The SWA pool's budget beside it is ``admission_hybrid.SwaBudget``; a mamba
+pool's state slots are not read by admission. docs/replay-report.md ("The
+stall rule") lists what is mirrored and what is not; where it is not, the
+check's ``estimate`` says why.
 tests/test_stall_rule.py holds it to the real code on every sample pass and on
 generated states at the boundary.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
+from schedtrace.tracer.analysis import admission_hybrid as hybrid
 from schedtrace.tracer.analysis.decision import replay_inputs
+from schedtrace.tracer.analysis.queue_order import admission_order
+from schedtrace.tracer.contract.names import SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT, SGLANG_CLIP_MAX_NEW_TOKENS_ENV, env_int
 from schedtrace.tracer.contract.schema import ChunkedReq, Header, Pass, RunningReq, WaitingReq
 
 # sglang's module constants, read from the same variables with the same defaults.
-CLIP_MAX_NEW_TOKENS: Final = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
+CLIP_MAX_NEW_TOKENS: Final = env_int(SGLANG_CLIP_MAX_NEW_TOKENS_ENV, SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT)
 IGNORE_EOS_RESERVE_TOKENS: Final = 1
-WAITING_QUEUE_PREFIX_MATCH_MAX: Final = 128
 _CACHE_AWARE: Final = frozenset({"lpm", "dfs-weight", "hrrn", "shortest-prefill-first"})
-HYBRID_NOTE: Final = "SWA/mamba budgets not mirrored"
 
 # The server's configuration: the trace's header, or (older callers) max_running_requests alone.
 ServerConfig = Header | int | None
@@ -60,6 +62,7 @@ class Limits:
     grid: int  # mamba_prefill_chunk_grid(); > 1 is also the truncation alignment
     exact_fill: bool
     estimate: tuple[str, ...]  # what this mirror cannot repeat for the trace
+    swa: hybrid.SwaLimits | None = None  # the SWA pool's budget (None: no SWA pool mirrored)
 
 
 def limits_of(source: ServerConfig) -> Limits:
@@ -70,7 +73,6 @@ def limits_of(source: ServerConfig) -> Limits:
     args = source.server_args
     # PassDriver's defaults: the request pool size, else max_running_requests + 1.
     slots = source.max_req_slots or (args.max_running_requests or 0) + 1
-    hybrid = source.is_hybrid_swa or source.is_hybrid_mamba
     policy = args.schedule_policy
     if policy in _CACHE_AWARE and args.disable_radix_cache:
         policy = "fcfs"
@@ -85,29 +87,9 @@ def limits_of(source: ServerConfig) -> Limits:
         grid=max(1, source.mamba_chunk_grid),
         # A mamba tree that shares prefixes bills chunks by page (PrefillAdder.__init__).
         exact_fill=source.exact_chunk_fill and not (source.is_hybrid_mamba and not args.disable_radix_cache),
-        estimate=(HYBRID_NOTE,) if hybrid else (),
+        estimate=hybrid.hybrid_notes(source),
+        swa=hybrid.swa_limits(source),
     )
-
-
-def admission_order(waiting: list[WaitingReq], limits: Limits) -> tuple[list[WaitingReq], str | None]:
-    """``SchedulePolicy.calc_priority``'s order, and why it is an estimate (None: exact)."""
-    policy = limits.policy
-    if limits.priority and policy in ("fcfs", "lof"):
-        if any(w.priority is None for w in waiting):
-            return list(waiting), "a request without priority under priority scheduling"
-        # priority_sign -1: higher values first; then queue order (fcfs) or longest output
-        second = (lambda w: 0) if policy == "fcfs" else (lambda w: -w.max_new_tokens)
-        return sorted(waiting, key=lambda w: (-w.priority, second(w))), None
-    if policy in ("lpm", "hrrn") and len(waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX:
-        return list(waiting), None  # prefix matching off for a long queue: fcfs
-    if policy == "fcfs":
-        return list(waiting), None
-    if policy == "lof":
-        return sorted(waiting, key=lambda w: -w.max_new_tokens), None
-    if policy == "lpm":
-        # num_matched_prefix_tokens; replay's distinct token ids never share an in-batch prefix
-        return sorted(waiting, key=lambda w: -min(w.prefix_len, max(w.input_len + w.output_len - 1, 0))), None
-    return list(waiting), f"{policy} queue order not mirrored"
 
 
 @dataclass(frozen=True)
@@ -167,6 +149,7 @@ class _Adder:
     new_chunked: bool = False
     can_run: list = field(default_factory=list)
     req_states: list[tuple[float, int]] | None = None
+    swa: hybrid.SwaBudget | None = None
 
     @property
     def remaining_total(self) -> float:
@@ -180,14 +163,18 @@ class _Adder:
         """``budget_state() == OTHER`` (NO_TOKEN comes first and does not stop the loop)."""
         if not (self.remaining_total > 0 and self.remaining_current > 0):
             return False
+        if self.swa is not None and self.swa.remaining() <= 0:
+            return False
         return (self.rem_input is not None and self.rem_input <= 0) or (
             self.rem_chunk is not None and self.rem_chunk <= 0
         )
 
-    def reserve(self, extend: int, max_new: int) -> None:
-        """``_update_prefill_budget`` on the base ``PrefillBudget``."""
+    def reserve(self, extend: int, max_new: int, continuation: bool = False) -> None:
+        """``_update_prefill_budget`` on the pass's ``PrefillBudget``."""
         page = self.limits.page
         paged = _ceil(extend, page)
+        if self.swa is not None:  # sized with the chunk budget before this charge
+            self.swa.reserve(paged, max_new, self.rem_chunk, continuation)
         immediate = paged + page
         self.total_offset += immediate + max_new
         self.current_offset += immediate
@@ -223,6 +210,7 @@ def _start(p: Pass, limits: Limits) -> _Adder:
         allocatable=pp_budget if pp_budget is not None else 1 << 62,
         new_token_ratio=ratio,
         running=list(p.running),
+        swa=hybrid.swa_budget(p, limits.swa),
     )
 
 
@@ -232,8 +220,10 @@ def _slots_left(a: _Adder, p: Pass) -> int:
 
 
 def _chunk_budget(a: _Adder) -> int | None:
-    """``PrefillBudget.available_chunk_tokens`` with the chunk-cap fix."""
+    """``PrefillBudget.available_chunk_tokens`` with the chunk-cap fix (SWA: its own)."""
     limit, page = a.rem_chunk, a.limits.page
+    if a.swa is not None:
+        return a.swa.chunk_budget(limit, a.remaining_total)
     available = min(limit, int(a.remaining_total) - page)
     if available > 0:
         return available
@@ -247,7 +237,7 @@ def _commit_chunk(a: _Adder, c: ChunkedReq, size: int) -> None:
     a.can_run.append(c)
     a.admitted += 1
     a.held_rows += 1  # a continuing chunk keeps its req_to_token row
-    a.reserve(size, 0 if truncated else min(c.max_new_tokens, CLIP_MAX_NEW_TOKENS))
+    a.reserve(size, 0 if truncated else min(c.max_new_tokens, CLIP_MAX_NEW_TOKENS), continuation=True)
     a.chunk_in_flight = truncated
 
 
@@ -297,6 +287,19 @@ def _with_state(a: _Adder, w: WaitingReq) -> list[tuple[float, int]]:
     return states
 
 
+def _headroom_need(a: _Adder, w: WaitingReq, paged: int) -> float | None:
+    """The decode-headroom walk of ``add_one_req_ignore_eos``: what it needed where it refused."""
+    states = _with_state(a, w)
+    current = a.remaining_current
+    freed = 0
+    for i, (left, occupied) in enumerate(states):
+        bs = len(states) - i
+        if current - paged + freed - left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
+            return paged + left * bs + IGNORE_EOS_RESERVE_TOKENS * bs - freed
+        freed += occupied
+    return None
+
+
 def _check_ignore_eos(a: _Adder, w: WaitingReq, base: dict) -> HeadCheck:
     """``add_one_req_ignore_eos`` (radix cache off), after the one-chunk guard."""
     extend = w.input_len + w.output_len
@@ -308,23 +311,20 @@ def _check_ignore_eos(a: _Adder, w: WaitingReq, base: dict) -> HeadCheck:
     numbers = dict(extend=extend, page=page, free=a.available, evictable=a.evictable, reserved=a.current_offset, **base)
     if not paged <= bound:
         return HeadCheck(verdict=NO_TOKEN, need=paged, budget=bound, bound="min(cur_rem, rem_total)", **numbers)
-    states = _with_state(a, w)
-    current = a.remaining_current
-    freed = 0
-    for i, (left, occupied) in enumerate(states):
-        bs = len(states) - i
-        if current - paged + freed - left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
-            need = paged + left * bs + IGNORE_EOS_RESERVE_TOKENS * bs - freed
-            return HeadCheck(verdict=NO_TOKEN, need=need, budget=current, bound="decode headroom", **numbers)
-        freed += occupied
+    if a.swa is not None:  # can_allocate_prefill's SWA side; the decode headroom walk is skipped for SWA
+        swa_need = a.swa.tokens(extend, min(max(w.max_new_tokens - w.output_len, 0), CLIP_MAX_NEW_TOKENS), a.rem_chunk)
+        if not swa_need <= a.swa.remaining():
+            return HeadCheck(verdict=NO_TOKEN, need=swa_need, budget=a.swa.remaining(), bound=hybrid.SWA_BOUND, **numbers)
+    elif (need := _headroom_need(a, w, paged)) is not None:
+        return HeadCheck(verdict=NO_TOKEN, need=need, budget=a.remaining_current, bound="decode headroom", **numbers)
     cut = a.floor_chunk(a.rem_chunk, extend) if a.rem_chunk is not None and extend > a.rem_chunk else None
     return HeadCheck(verdict=ADMITS, need=paged, budget=bound, bound="min(cur_rem, rem_total)", cut=cut, **numbers)
 
 
-def _head_cut(a: _Adder, prefix: int) -> int:
-    """``_select_prefill_admission``'s cut of a request longer than the chunk budget."""
+def _head_cut(a: _Adder, prefix: int, limit: int) -> int:
+    """``_select_prefill_admission``'s cut of a request longer than its chunk limit."""
     limits, page = a.limits, a.limits.page
-    cut = a.rem_chunk if limits.exact_fill else a.rem_chunk // page * page
+    cut = limit if limits.exact_fill else limit // page * page
     if limits.grid > 1:  # the truncation alignment init_mamba_truncation_align derives from it
         cut = cut // limits.grid * limits.grid
     return cut if limits.exact_fill else (prefix + cut) // page * page - prefix
@@ -349,17 +349,23 @@ def _check(a: _Adder, w: WaitingReq, locked: dict[str, int], base: dict) -> Head
     numbers = dict(need=need, budget=budget, extend=extend, decode=decode, page=page,
                    free=a.available, evictable=evictable, reserved=a.total_offset, **base)
     verdict, cut = ADMITS, None
-    if not need < budget:
+    fits, limit = need < budget, a.rem_chunk
+    if fits and a.swa is not None:  # check_prefill's SWA bound, under the same prefix lock
+        held = a.swa.lock_share(w.rid, prefix)
+        fits, limit, swa_need = a.swa.check(_ceil(extend, page), decode, limit, held)
+        if not fits:
+            numbers.update(need=swa_need, budget=a.swa.remaining(held), bound=hybrid.SWA_BOUND)
+    if not fits:
         verdict = NO_TOKEN
     elif a.rem_chunk is None:
         # Without chunking only the first request may exceed the input budget.
         if a.admitted and a.rem_input is not None and _ceil(extend, page) >= a.rem_input:
             verdict = PASS_BUDGET
-    elif (extend if limits.exact_fill else _ceil(extend, page)) > a.rem_chunk:
+    elif (extend if limits.exact_fill else _ceil(extend, page)) > limit:
         if a.chunk_in_flight or a.new_chunked:
             verdict = ONE_CHUNK
         else:
-            cut = _head_cut(a, prefix)
+            cut = _head_cut(a, prefix, limit)
             verdict = ADMITS if cut > 0 else EMPTY_CUT
     return HeadCheck(verdict=verdict, cut=cut, **numbers)
 
@@ -373,6 +379,8 @@ def _commit(a: _Adder, w: WaitingReq, size: int, locked: dict[str, int]) -> None
     else:
         prefix = _prefix(w, limits)
         a.evictable -= _lock_share(a, w, prefix, locked)
+        if a.swa is not None:
+            a.swa.evictable -= a.swa.lock_share(w.rid, prefix)
         full = w.input_len + w.output_len - prefix
     chunked = size < full
     a.reserve(size, 0 if chunked else min(w.max_new_tokens, CLIP_MAX_NEW_TOKENS))
@@ -382,9 +390,7 @@ def _commit(a: _Adder, w: WaitingReq, size: int, locked: dict[str, int]) -> None
 
 
 def _pass_estimate(p: Pass, limits: Limits, order_note: str | None) -> tuple[str, ...]:
-    kv = p.kv
-    hybrid = (kv.swa_available, kv.swa_evictable, kv.mamba_available, kv.mamba_evictable) != (None,) * 4
-    notes = [*limits.estimate, *([HYBRID_NOTE] if hybrid and HYBRID_NOTE not in limits.estimate else [])]
+    notes = [*limits.estimate, *hybrid.pass_notes(p, limits.swa)]
     if order_note is not None:
         notes.append(order_note)
     if p.chunked is not None and p.chunked_prefill_size is None:
@@ -402,7 +408,7 @@ def head_check(p: Pass, header: ServerConfig, after: list[tuple[str, int]] | Non
     """
     p = replay_inputs(p)  # this pass's prefix matches on the waiting rows
     limits = limits_of(header)
-    order, order_note = admission_order(p.waiting, limits)
+    order, order_note = admission_order(p.waiting, limits.policy, limits.priority)
     estimate = _pass_estimate(p, limits, order_note)
     locked = {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None}
     a = _start(p, limits)
@@ -432,4 +438,9 @@ def head_check(p: Pass, header: ServerConfig, after: list[tuple[str, int]] | Non
     head = rest[0]
     if base["slots"] <= 0 and chunked is None:  # no slot: the pass returns before the adder
         return HeadCheck(rid=head.rid, verdict=NO_SLOT, **base)
-    return _check(a, head, locked, dict(rid=head.rid, **base))
+    check = _check(a, head, locked, dict(rid=head.rid, **base))
+    if a.swa is not None and check.verdict not in (NO_SLOT, PASS_BUDGET):  # it read the SWA budget
+        # the prefixes locked by then: the earlier admissions' and the head's
+        notes = a.swa.lock_notes([(w.rid, _prefix(w, limits)) for w in p.waiting if w.rid in done or w is head])
+        check = replace(check, estimate=check.estimate + notes)
+    return check

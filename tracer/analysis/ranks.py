@@ -18,7 +18,7 @@ together.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,7 +48,7 @@ IDENTITY_FIELDS: Final = ("host", "pid", "start_wall_ns", "part", "first_pass", 
                           "pp_rank", "attn_tp_rank", "attn_dp_rank")
 SHARED_FIELDS: Final = ("schema_version", "sglang_version", "schedtrace_version", "server_args", "max_req_slots",
                         "is_hybrid_swa", "is_hybrid_mamba", "mamba_chunk_grid", "pools", "exact_chunk_fill",
-                        "tp_size", "dp_size", "pp_size", "attn_tp_size", "attn_dp_size")
+                        "tp_size", "dp_size", "pp_size", "attn_tp_size", "attn_dp_size", "overlap_schedule")
 
 
 class RankDiff(msgspec.Struct, kw_only=True):
@@ -157,8 +157,12 @@ def group_name(header: Header, mode: str) -> str:
 
 
 def compare_ranks(ranks: Sequence[RankTrace], *, run: str, rows: int = DEFAULT_ROWS, max_listed: int = MAX_LISTED,
-                  notes: Sequence[str] = ()) -> RanksReport:
-    """Compare the ranks of one run in one streaming read of every rank."""
+                  notes: Sequence[str] = (), on_point: Callable[[RankDiff], None] | None = None) -> RanksReport:
+    """Compare the ranks of one run in one streaming read of every rank.
+
+    ``on_point`` sees every differing point as it is found (one point each: ``clock == until`` when
+    called; the report merges runs of them and lists only the first ``max_listed``), e.g. to mark
+    every desync pass of a rank."""
     late = next((r for r in ranks if r.header.part > 0), None)
     if late is not None:  # the clock counts from a rank's first pass; a later part's start is not known
         raise TraceSetError(late.path, f"{late.label} starts at part {late.header.part}: ranks compares every "
@@ -180,7 +184,8 @@ def compare_ranks(ranks: Sequence[RankTrace], *, run: str, rows: int = DEFAULT_R
     facts_of_groups, diffs, runs = [], [], 0
     for name, members in groups.items():
         facts, kept, found = _compare_group(name, [labels[i] for i in members], [streams[i] for i in members],
-                                            [states[i] for i in members], keep=max_listed + 1)
+                                            [states[i] for i in members], keep=max_listed + 1,
+                                            on_point=on_point)
         facts_of_groups.append(facts)
         diffs.extend(kept)
         runs += found
@@ -224,7 +229,8 @@ def _notes(ranks: Sequence[RankTrace], states: Sequence[ClockState]) -> Iterator
 
 
 def _compare_group(name: str, labels: list[str], streams: list[Iterator[Segment]], states: list[ClockState],
-                   keep: int) -> tuple[GroupFacts, list[RankDiff], int]:
+                   keep: int, on_point: Callable[[RankDiff], None] | None = None
+                   ) -> tuple[GroupFacts, list[RankDiff], int]:
     """Walk the ranks' pass clocks together; spell out each point where the passes differ.
 
     Returns the first ``keep`` runs of one difference (memory stays bounded) and how many there were."""
@@ -246,6 +252,8 @@ def _compare_group(name: str, labels: list[str], streams: list[Iterator[Segment]
             if any(keys[i] != first for i in live[1:]):
                 found = _difference(name, clock, [labels[i] for i in live], [heads[i] for i in live],
                                     [keys[i] for i in live])
+                if on_point is not None:
+                    on_point(msgspec.structs.replace(found))  # a copy: ``found`` may grow into a run
                 differing += 1
                 if latest is not None and last_differing == pass_points - 1 and _same(latest, found):
                     latest.until, latest.points = clock, latest.points + 1

@@ -6,10 +6,14 @@ sglang's own admission check would: under the fixed logic the next waiting
 request gets a request slot and fits the budget, or the continuing chunk
 runs. The check is ``schedtrace.tracer.analysis.admission.head_check``, a
 mirror of ``PrefillAdder``'s arithmetic (strict bound, page rounding, the
-per-request page, the running requests' decode reservation), held to the
-real code by tests/test_stall_rule.py; a pass the real check refuses is
-back-pressure, not a stall. Folded records count ``repeat`` passes; idle
-passes between records (nothing waiting) end a run.
+per-request page, the running requests' decode reservation, the SWA pool's
+budget beside the full pool's), held to the real code by
+tests/test_stall_rule.py and tests/test_stall_rule_hybrid.py; a pass the
+real check refuses is back-pressure, not a stall. Where the check is an
+estimate (``HeadCheck.estimate``), ``StallScanner.estimates`` counts the
+passes it judged so, by reason. Folded records count ``repeat`` passes; idle
+passes between records (nothing waiting), and pass numbers missing between
+two records (a trace's unreadable region), end a run.
 
 The trace's ``Header`` gives the check the server's configuration; callers
 that pass only ``max_running_requests`` (an int, or None) get page size 1,
@@ -21,27 +25,41 @@ the exporters all use it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from schedtrace.tracer.analysis.admission import ServerConfig, head_check
+from schedtrace.tracer.analysis.admission import HeadCheck, ServerConfig, head_check
 from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.contract.report import Decision, Stall
 from schedtrace.tracer.contract.schema import Pass
 
 
+def _fixed_check(p: Pass, config: ServerConfig) -> HeadCheck | None:
+    """The fixed logic's check of ``p`` (None: nothing waiting and no chunk to run)."""
+    if not p.waiting and p.chunked is None:
+        return None
+    return head_check(p, config)
+
+
+def _admits(check: HeadCheck | None) -> bool:
+    return check is not None and (check.admits or check.chunk is not None)
+
+
 def would_admit(p: Pass, config: ServerConfig = None) -> bool:
     """The fixed logic admits the next waiting request on ``p``, or runs its continuing chunk."""
-    if not p.waiting and p.chunked is None:
-        return False
-    check = head_check(p, config)
-    return check.admits or check.chunk is not None
+    return _admits(_fixed_check(p, config))
+
+
+def _stall_check(p: Pass, d: Decision, config: ServerConfig) -> HeadCheck | None:
+    """The check that decides whether ``d`` stalled on ``p`` (None: it got something in)."""
+    if d.admitted or d.chunk_size is not None:
+        return None
+    return _fixed_check(p, config)
 
 
 def is_stalled(p: Pass, d: Decision, config: ServerConfig = None) -> bool:
     """Requests wait, sglang's own check would admit, and this arm got nothing in."""
-    if d.admitted or d.chunk_size is not None:
-        return False
-    return would_admit(p, config)
+    return _admits(_stall_check(p, d, config))
 
 
 class StallScanner:
@@ -53,6 +71,7 @@ class StallScanner:
         self.min_passes = min_passes
         self.config = config
         self.stalls: list[Stall] = []
+        self.estimates: Counter[str] = Counter()  # passes judged on an estimate, by reason
         self._start: int | None = None
         self._end = 0
         self._count = 0
@@ -65,13 +84,18 @@ class StallScanner:
 
     def feed_pass(self, p: Pass, d: Decision, seq: int | None = None) -> bool:
         """Feed one pass under one arm's decision; returns whether it stalled."""
-        stalled = is_stalled(p, d, self.config)
+        check = _stall_check(p, d, self.config)
+        stalled = _admits(check)
+        for note in check.estimate if check is not None else ():
+            self.estimates[note] += max(p.repeat, 1)
         head = p.waiting[0].rid if p.waiting else None
         self.feed(p.seq if seq is None else seq, p.repeat, p.idle_before, stalled, head)
         return stalled
 
     def feed(self, seq: int, repeat: int, idle_before: int, stalled: bool, head_rid: str | None) -> None:
-        if self._start is not None and (idle_before > 0 or not stalled):
+        # A pass number skipped (lost in an unreadable region) ends a run too: no stall is
+        # claimed across passes nobody saw.
+        if self._start is not None and (idle_before > 0 or not stalled or seq != self._end + 1):
             self._close()
         if not stalled:
             return

@@ -30,7 +30,7 @@ from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Stall
 from schedtrace.tracer.contract.schema import Alloc, HookError, Idle, Loss, Pass, PoolLayout
-from schedtrace.tracer.contract.traceset import RankTrace
+from schedtrace.tracer.contract.traceset import RankTrace, source_paths
 
 Reader = TraceReader | RankTrace
 
@@ -69,13 +69,6 @@ def header_facts(reader: Reader) -> dict[str, Any]:
 
 def _fields(layout: PoolLayout) -> dict[str, Any]:
     return {f: getattr(layout, f) for f in layout.__struct_fields__}
-
-
-def part_paths(reader: Reader) -> list[str]:
-    """The files the trace was read from, in order."""
-    if isinstance(reader, RankTrace):
-        return [str(p.path) for p in reader.parts]
-    return [str(reader.path)]
 
 
 class _PoolTally:
@@ -168,7 +161,7 @@ def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[
     tags.pop("header", None)
     return {
         "file": reader.path,
-        "parts": part_paths(reader),
+        "parts": list(source_paths(reader)),
         "header": header_facts(reader),
         "closed_cleanly": reader.closed_cleanly,
         "truncated_at": reader.truncated_at,
@@ -190,5 +183,7 @@ def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[
             "exception_list": anomalies.exceptions,
             "stall_passes": stall_passes,
             "stalls_while_kv_free": stalls,
+            # passes the stall rule judged on an estimate, by why (empty: it was exact on every pass)
+            "stall_rule_estimates": dict(sorted(scanner.estimates.items())),
         },
     }

@@ -9,7 +9,8 @@ line gives the numbers it used::
     budget 2414 ≤ head 2415 (307 free + 2980 evictable − 873 reserved) → back-pressure
 
 ``why_trace`` walks passes in order and also says since which pass the
-``batch_is_full`` latch has held. Pure: no sglang import, no I/O.
+``batch_is_full`` latch has held (``latch_since``: the one rule, which the
+browser's scan uses too). Pure: no sglang import, no I/O.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from schedtrace.tracer.analysis import admission as adm
 from schedtrace.tracer.analysis.admission import HeadCheck, ServerConfig, head_check
+from schedtrace.tracer.analysis.admission_hybrid import SWA_BOUND
 from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import Header, Pass
@@ -51,6 +53,8 @@ def _budget_text(c: HeadCheck) -> str:
     if c.bound == "rem_total_tokens":
         parts = f"{c.free} free + {c.evictable} evictable − {_num(c.reserved)} reserved"
         return f"budget {_num(c.budget)} ≤ head {_num(c.need)} ({parts})"
+    if c.bound == SWA_BOUND:
+        return f"SWA budget {_num(c.budget)} too small for head's {_num(c.need)} SWA tokens ({SWA_BOUND})"
     return f"{c.bound} {_num(c.budget)} ≤ head {_num(c.need)} (ignore_eos path)"
 
 
@@ -115,7 +119,15 @@ def why_trace(
     since: int | None = None
     for n, p in enumerate(passes):
         yield why(p, header, None if decisions is None else decisions[n], latched_since=since if p.batch_is_full_in else None)
-        if not p.batch_is_full_out:
-            since = None
-        elif since is None or not p.batch_is_full_in:
-            since = p.seq
+        since = latch_since(since, p.seq, p.batch_is_full_in, p.batch_is_full_out)
+
+
+def latch_since(since: int | None, seq: int, batch_is_full_in: bool, batch_is_full_out: bool) -> int | None:
+    """The pass whose outcome latched ``batch_is_full``, after pass ``seq`` (None: not latched).
+
+    ``since`` is the answer before it. A clear outcome ends the latch; an
+    outcome that sets the flag anew (it was clear on entry) names its own pass.
+    """
+    if not batch_is_full_out:
+        return None
+    return seq if since is None or not batch_is_full_in else since

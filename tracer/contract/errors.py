@@ -33,7 +33,21 @@ if TYPE_CHECKING:
 
 
 class SchedtraceError(Exception):
-    """Base of every error meant for the user, not for a traceback."""
+    """Base of every error meant for the user, not for a traceback.
+
+    Picklable with its message and attributes whatever its ``__init__`` takes:
+    an error raised in a worker process (``--jobs``, Ray) reaches the parent whole.
+    """
+
+    def __reduce__(self) -> tuple:
+        return _rebuilt, (type(self), str(self), dict(self.__dict__))
+
+
+def _rebuilt(cls: type[SchedtraceError], message: str, state: dict) -> SchedtraceError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class TraceError(SchedtraceError):

@@ -30,6 +30,9 @@ MAX_TOTAL_BYTES_ENV: Final = "SCHEDTRACE_MAX_TOTAL_BYTES"  # disk budget per sch
 MODE_ENV: Final = "SCHEDTRACE_MODE"  # "file" (default) or "ring"
 RING_BYTES_ENV: Final = "SCHEDTRACE_RING_BYTES"  # ring mode: encoded bytes kept in memory
 CONTROL_FILE_ENV: Final = "SCHEDTRACE_CONTROL_FILE"  # a file holding "on" or "off"
+# `--ray` with no --address: Ray's own variable names the cluster (replay.ray_executor; README).
+RAY_ADDRESS_ENV: Final = "RAY_ADDRESS"
+RAY_MAX_RETRIES: Final = 3  # times Ray runs a task again after its worker died
 
 # Loss.reason: why the writer has no records for a stretch ("queue_full" is the schema's default).
 LOSS_QUEUE_FULL: Final = "queue_full"  # the writer queue was full: the newest records were dropped
@@ -55,6 +58,10 @@ DEFAULT_STALL_PASSES: Final = 8
 
 # Error text kept in a record: "Type: message", cut to this many characters.
 ERROR_TEXT_LIMIT: Final = 500
+
+# sglang's own variables that its admission arithmetic reads (the stall rule mirrors it), with its defaults.
+SGLANG_CLIP_MAX_NEW_TOKENS_ENV: Final = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
+SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT: Final = 4096
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})

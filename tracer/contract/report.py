@@ -16,7 +16,7 @@ import msgspec
 
 from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError, TraceVersionError
 
-REPORT_VERSION: Final = 1
+REPORT_VERSION: Final = 2  # 2: ``holes`` (version 1 reports still load: it defaults to none)
 MAX_REPORT_BYTES: Final = 64 << 20  # a report is read whole; past this it is refused, not parsed
 
 # Divergence kinds, in the order they are listed.
@@ -132,6 +132,48 @@ class ClosedLoop(msgspec.Struct, kw_only=True):
     self_check: SelfCheck | None = None  # with a stock arm: how closely it reproduces the recording
 
 
+# Regions and loss records a report lists (every one is counted): a report stays bounded.
+MAX_HOLES_LISTED: Final = 256
+UNREADABLE: Final = "unreadable"  # the kind of a damaged byte region, beside the loss reasons (names.LOSS_*)
+
+
+class DamagedRegion(msgspec.Struct, kw_only=True):
+    """Bytes that could not be read (``TraceReader.gaps``), and the pass numbers lost with them."""
+
+    start: int  # first unreadable byte (a rank's parts: offsets global over them)
+    end: int  # first byte after it
+    records_lost: int | None  # records that were in it (None: unknown)
+    first_pass: int | None  # first pass number missing with it (None: it held no pass)
+    last_pass: int | None  # last one, v2 delta passes after it up to the next keyframe included
+    passes_lost: int
+    reason: str  # what was wrong where reading stopped
+
+
+class LostRecords(msgspec.Struct, kw_only=True):
+    """A ``loss`` record: records the recorder counted but never wrote."""
+
+    offset: int  # where the loss record is
+    reason: str  # queue_full, write_error, ring, paused
+    count: int
+    after_pass: int | None  # the last pass number before it in the file (None: none before it)
+
+
+class Holes(msgspec.Struct, kw_only=True):
+    """What a trace is missing: unreadable regions and loss records, counted, the first listed."""
+
+    regions: list[DamagedRegion] = []  # the first MAX_HOLES_LISTED, in file order
+    losses: list[LostRecords] = []  # the first MAX_HOLES_LISTED, in file order
+    region_count: int = 0
+    loss_count: int = 0  # loss records
+    records_lost: int = 0  # in regions of known count, and counted by every loss record
+    unknown_regions: int = 0  # regions whose record count is unknown (records_lost is then a floor)
+    passes_lost: int = 0  # pass numbers not in the trace's readable data
+
+    @property
+    def count(self) -> int:
+        return self.region_count + self.loss_count
+
+
 class Report(msgspec.Struct, kw_only=True):
     version: int = REPORT_VERSION
     trace: str
@@ -155,6 +197,10 @@ class Report(msgspec.Struct, kw_only=True):
     fix_notes: dict[str, str] = {}
     # TraceReader.fingerprint() of the trace replayed; "" in older reports.
     trace_fingerprint: str = ""
+    # Unreadable regions and loss records; fidelity, divergences and stalls are over the passes present.
+    holes: Holes = msgspec.field(default_factory=Holes)
+    # Tasks a distributed backend (--ray) ran again after their worker died; 0 locally.
+    retried_tasks: int = 0
 
 
 SWEEP_VERSION: Final = 1
@@ -197,6 +243,7 @@ class SweepReport(msgspec.Struct, kw_only=True):
     cells: list[SweepCell]  # every combination, the first key varying slowest
     self_check: SelfCheck | None = None  # stock under the recorded config against the recording
     notes: list[str] = []  # what a what-if can and cannot tell
+    retried_tasks: int = 0  # cells a distributed backend (--ray) ran again after their worker died
 
 
 _json_encoder = msgspec.json.Encoder(order="sorted")

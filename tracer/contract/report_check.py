@@ -3,7 +3,7 @@
 ``load_report`` checks a report on its own (size, version, shape); only the
 trace can say whether its pass numbers exist. ``check_report`` compares the
 two: the trace's fingerprint (when the report carries one) and every pass
-number the report names.
+number the report names, and the byte offsets of its holes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,22 @@ def report_passes(report: Report) -> Iterator[tuple[str, int]]:
     for arm, errors in report.errors.items():
         for error in errors:
             yield f"{arm} error", error.pass_
+    for region in report.holes.regions:
+        for seq in (region.first_pass, region.last_pass):
+            if seq is not None:
+                yield f"unreadable region at offset {region.start}", seq
+    for loss in report.holes.losses:
+        if loss.after_pass is not None:
+            yield f"loss record at offset {loss.offset}", loss.after_pass
+
+
+def report_offsets(report: Report) -> Iterator[tuple[str, int]]:
+    """(what, byte offset) for every place in the trace file the report's holes name."""
+    for region in report.holes.regions:
+        yield "unreadable region start", region.start
+        yield "unreadable region end", region.end
+    for loss in report.holes.losses:
+        yield "loss record", loss.offset
 
 
 def check_report(report: Report, reader: TraceReader, report_path: str) -> None:
@@ -42,8 +58,13 @@ def check_report(report: Report, reader: TraceReader, report_path: str) -> None:
                                   "(the trace fingerprints differ)")
     first, count = reader.header.first_pass, reader.pass_count
     last = first + count - 1
-    if report.passes > count:
-        raise ReportMismatchError(report_path, f"replayed {report.passes} passes; {reader.path} has {count}")
+    if report.passes + report.holes.passes_lost > count:
+        lost = f" and lost {report.holes.passes_lost}" if report.holes.passes_lost else ""
+        raise ReportMismatchError(report_path, f"replayed {report.passes} passes{lost}; {reader.path} has {count}")
+    for what, offset in report_offsets(report):
+        if not 0 <= offset <= reader.file_size:
+            raise ReportMismatchError(report_path, f"{what} at offset {offset} is outside {reader.path} "
+                                      f"({reader.file_size:,} bytes)")
     for what, seq in report_passes(report):
         if not first - 1 <= seq <= last:
             raise ReportMismatchError(report_path, f"{what} at pass {seq} is outside the passes of {reader.path} "

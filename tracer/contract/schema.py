@@ -107,6 +107,9 @@ class Header(_Record, tag="header"):
     attn_tp_size: int = 1
     attn_dp_rank: int | None = None
     attn_dp_size: int = 1
+    # The scheduler ran sglang's overlap loop (event_loop_overlap): its enable_overlap, one pipeline
+    # stage, no PD multiplexing. None: not recorded (older traces; replay infers it from the passes).
+    overlap_schedule: bool | None = None
 
 
 # --- pass (one scheduling pass that could admit work) -------------------------

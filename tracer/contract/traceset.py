@@ -25,8 +25,11 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Final, NamedTuple
 
+import msgspec
+
 from schedtrace.tracer.contract.errors import TraceSetError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.framing import Gap
 from schedtrace.tracer.contract.reader import combined_fingerprint
 from schedtrace.tracer.contract.paths import MAX_FILES, expand_paths
 from schedtrace.tracer.contract.schema import Header, Pass, Record
@@ -79,10 +82,14 @@ class TracePart:
     has_footer: bool  # the footer's pass index was read (closed_cleanly also checks every byte: not at open)
     pass_count: int | None  # None: no footer and not scanned yet
     clean: bool | None = None  # closed_cleanly, once a reader of it has checked
+    skip_damaged: bool = False  # read on past unreadable regions (TraceReader's option)
+
+    def reader(self) -> TraceReader:
+        return TraceReader(self.path, skip_damaged=self.skip_damaged)
 
     def passes(self) -> int:
         if self.pass_count is None:
-            with TraceReader(self.path) as reader:
+            with self.reader() as reader:
                 self.pass_count = reader.pass_count  # one linear scan
         return self.pass_count
 
@@ -94,7 +101,8 @@ class RankTrace:
     before it, so ``records(start)``, ``record_at`` and ``pass_offsets`` work
     across parts. Pass indices run over every part (``pass_at(n)`` is pass
     ``header.first_pass + n``). ``records()`` yields the first part's header
-    only. At most ``OPEN_PARTS`` parts stay open.
+    only. At most ``OPEN_PARTS`` parts stay open. Parts opened with
+    ``skip_damaged`` read on past their gaps; ``gaps`` lists them, in global offsets.
     """
 
     def __init__(self, *, label: str, key: RankKey, parts: list[TracePart]) -> None:
@@ -126,6 +134,20 @@ class RankTrace:
     @property
     def file_size(self) -> int:
         return sum(p.file_size for p in self.parts)
+
+    @property
+    def skip_damaged(self) -> bool:
+        return self.parts[0].skip_damaged
+
+    @property
+    def gaps(self) -> list[Gap]:
+        """Every part's unreadable regions, in order, offsets global (each part is checked once)."""
+        found: list[Gap] = []
+        for i, base in enumerate(self._bases):
+            found.extend(msgspec.structs.replace(g, start=g.start + base, end=g.end + base,
+                                                 first_bad=None if g.first_bad is None else g.first_bad + base)
+                         for g in self._reader(i).gaps)
+        return found
 
     def fingerprint(self) -> str:
         """Names these exact parts: one part's own fingerprint, or a hash of every part's."""
@@ -230,7 +252,7 @@ class RankTrace:
 
     def _open_part(self, i: int) -> TraceReader:
         part = self.parts[i]
-        reader = TraceReader(part.path)
+        reader = part.reader()
         if reader.header != part.header or (i + 1 < len(self.parts) and reader.file_size != part.file_size):
             reader.close()
             raise TraceSetError(part.path, "changed since the trace set was opened")
@@ -343,10 +365,15 @@ class TraceSet:
         self.close()
 
 
-def open_traceset(paths: Iterable[str | os.PathLike], *, max_files: int = MAX_FILES) -> TraceSet:
-    """Read the headers of every trace under ``paths`` and group them into runs, ranks and parts."""
+def open_traceset(paths: Iterable[str | os.PathLike], *, max_files: int = MAX_FILES,
+                  skip_damaged: bool = False) -> TraceSet:
+    """Read the headers of every trace under ``paths`` and group them into runs, ranks and parts.
+
+    ``skip_damaged``: a part whose footer fails its checks opens as one not closed, and its
+    readers read on past unreadable regions (``RankTrace.gaps``).
+    """
     files = expand_paths(paths, max_files)
-    parts = [read_part(f) for f in files]
+    parts = [read_part(f, skip_damaged=skip_damaged) for f in files]
     by_run: dict[str, dict[RankKey, list[TracePart]]] = {}
     for part in parts:
         by_run.setdefault(run_key(part.header), {}).setdefault(rank_key(part.header), []).append(part)
@@ -355,13 +382,20 @@ def open_traceset(paths: Iterable[str | os.PathLike], *, max_files: int = MAX_FI
     return TraceSet(files=tuple(files), runs=tuple(runs), notes=tuple(n for r in runs for n in r.notes))
 
 
-def read_part(path: Path) -> TracePart:
+def source_paths(source: RankTrace | TraceReader | str | os.PathLike) -> tuple[str, ...]:
+    """The files to reopen ``source`` from, elsewhere: its parts in order (same global offsets)."""
+    if isinstance(source, RankTrace):
+        return tuple(str(p.path) for p in source.parts)
+    return (source.path if isinstance(source, TraceReader) else str(source),)
+
+
+def read_part(path: Path, *, skip_damaged: bool = False) -> TracePart:
     """The header and the size facts of one file; the file is closed again."""
-    with TraceReader(path) as reader:
+    with TraceReader(path, skip_damaged=skip_damaged) as reader:
         has_footer = reader.footer is not None
         count = reader.pass_count if has_footer else None  # a part without one is scanned only if needed
         return TracePart(path=path, header=reader.header, file_size=reader.file_size, has_footer=has_footer,
-                         pass_count=count)
+                         pass_count=count, skip_damaged=skip_damaged)
 
 
 def _make_run(key: str, ranks: dict[RankKey, list[TracePart]]) -> Run:

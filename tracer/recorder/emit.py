@@ -53,6 +53,12 @@ class Emitter:
         if writer is not None:
             writer.submit(record)
 
+    def emit_all(self, records: list) -> None:
+        """``emit`` each of ``records`` in order (a pass's events): one flush, one queue check."""
+        writer = self.flush()
+        if writer is not None:
+            writer.submit_all(records)
+
     def emit_pass(self, record: Pass | PassCapture, foldable: bool, key: tuple | None) -> None:
         """Write a pass, or hold a foldable (rejected) one to fold its repeats into.
 

@@ -1,6 +1,9 @@
 """The ``Header`` of each trace part, read from the scheduler it records.
 
-Built by the writer when it opens a part (the first, and each rotation).
+Built by the writer when it opens a part (the first, and each rotation), so
+after the scheduler's ``__init__``: what the scheduler resolved is read from
+the scheduler itself (its ``chunked_prefill_size`` after sglang's defaults and
+the DP-attention split; ``enable_overlap``), not from the server args given.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from schedtrace.tracer.recorder import pools
 from schedtrace.tracer.recorder.ranks import read_ranks
 
 
-def server_args_row(args: Any) -> ServerArgs:
+def server_args_row(args: Any, scheduler: Any = None) -> ServerArgs:
     return ServerArgs(
         schedule_policy=str(getattr(args, "schedule_policy", "")),
-        chunked_prefill_size=getattr(args, "chunked_prefill_size", None),
+        chunked_prefill_size=_chunked_prefill_size(args, scheduler),
         max_prefill_tokens=int(getattr(args, "max_prefill_tokens", 0) or 0),
         page_size=int(getattr(args, "page_size", 1) or 1),
         max_running_requests=getattr(args, "max_running_requests", None),
@@ -43,7 +46,7 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
         run_id=run_id,
         **ranks,
         start_wall_ns=start_wall_ns,
-        server_args=server_args_row(scheduler.server_args),
+        server_args=server_args_row(scheduler.server_args, scheduler),
         part=part,
         first_pass=first_pass,
         max_req_slots=int(getattr(req_pool, "size", 0) or 0),
@@ -52,7 +55,25 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
         mamba_chunk_grid=_mamba_chunk_grid(),
         pools=pools.pool_layout(scheduler),
         exact_chunk_fill=pools.exact_chunk_fill(),
+        overlap_schedule=_overlap_loop(scheduler, ranks["pp_size"] or 1),
     )
+
+
+def _chunked_prefill_size(args: Any, scheduler: Any) -> int | None:
+    """The chunk size the scheduler uses: None when it does not chunk (sglang's None or <= 0)."""
+    if scheduler is not None and hasattr(scheduler, "chunked_prefill_size"):  # set by init_chunked_prefill
+        return scheduler.chunked_prefill_size
+    return getattr(args, "chunked_prefill_size", None)
+
+
+def _overlap_loop(scheduler: Any, pp_size: int) -> bool | None:
+    """Whether the scheduler runs sglang's overlap loop, as its event-loop dispatch chooses
+    (``_dispatch_event_loop_once``): ``enable_overlap``, one pipeline stage, no PD multiplexing.
+    None: a scheduler without ``enable_overlap`` (another sglang): unknown."""
+    enabled = getattr(scheduler, "enable_overlap", None)
+    if not isinstance(enabled, bool):
+        return None
+    return enabled and pp_size <= 1 and not getattr(scheduler, "enable_pdmux", False)
 
 
 def _mamba_chunk_grid() -> int:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedtrace.tracer.contract.schema import Aiter
+from schedtrace.tracer.recorder import rows
 from schedtrace.tracer.recorder.lifecycle import Recorder
 from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
 
@@ -184,14 +185,25 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
 
     def make_alloc_hook(op: str) -> Hook:
         requested_of = ALLOC_REQUESTED[op]
+        on_alloc = rec.on_alloc
+        # A mamba pass allocates a state slot per admitted request, so that hook reads the
+        # least it can: ``alloc(1)``'s count without a call, and for ``available_size()``
+        # (``len(free_slots)``) the free list the call starts from, whose length the writer
+        # thread takes (rows.mamba_alloc_row says why that is the same count).
+        mamba = op == "mamba_alloc"
+        build = rows.mamba_alloc_row if mamba else rows.alloc_row
 
         def alloc_hook(original, allocator, *args, **kwargs):
             nonlocal in_alloc
             if in_alloc:
                 return original(allocator, *args, **kwargs)
             try:
-                requested = requested_of(args, kwargs)
-                available = allocator.available_size()
+                if mamba:
+                    requested = requested_of(args, kwargs) if kwargs else args[0]
+                    available = allocator.free_slots
+                else:
+                    requested = requested_of(args, kwargs)
+                    available = allocator.available_size()
             except Exception as exc:
                 hook_failed(op, exc)
                 return original(allocator, *args, **kwargs)
@@ -201,7 +213,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             finally:
                 in_alloc = False
             try:
-                rec.on_alloc(op, requested, available, result is not None)
+                on_alloc(build, op, requested, available, result is not None)
             except Exception as exc:
                 hook_failed(op, exc)
             return result

@@ -293,8 +293,8 @@ class Recorder:
         foldable = cap.close(scheduler, result, error, self.now())
         emitter = self.emitter
         emitter.emit_pass(cap, foldable, cap.fold_key() if foldable else None)
-        for event in cap.events:
-            emitter.emit(event)
+        if cap.events:
+            emitter.emit_all(cap.events)
 
     def abandon_pass(self) -> None:
         """The capture failed: the pass runs unrecorded and its events go out on their own."""
@@ -328,12 +328,21 @@ class Recorder:
     def on_abort(self, rid: str) -> None:
         self.emit(Abort(self.now(), rid))
 
-    def on_alloc(self, op: str, requested: int, available: int, ok: bool) -> None:
+    def on_alloc(self, build: Callable[..., Alloc], op: str, requested: Any, available: Any, ok: bool) -> None:
+        """One outermost allocation, several per admitting pass: only the reads happen here.
+        The writer thread makes the ``Alloc``: ``build`` (rows.alloc_row or mamba_alloc_row)
+        of the time, these, and the evictable count, queued as one tuple."""
         if self.paused and self._skip():
             return
         scheduler = self.scheduler
-        evictable = pools.evictable_tokens(scheduler) if scheduler is not None else 0
-        self.emit(Alloc(self.now(), -1, op, int(requested), int(available), int(evictable), ok))
+        # The full pool's count (pools.evictable_tokens without its wrapper), for mamba slots too.
+        evictable = pools.cache_evictable(scheduler.tree_cache) if scheduler is not None else 0
+        call = (build, time.monotonic_ns() - self._t0, op, requested, available, evictable, ok)
+        cap = self.capture  # emit() inlined: the pause is checked above
+        if cap is not None:
+            cap.events.append(call)
+        else:
+            self.emitter.emit(call)
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)

@@ -27,26 +27,43 @@ def kv_counts(scheduler: Any) -> tuple:
     swa = getattr(scheduler, "is_hybrid_swa", False)
     if not swa and mamba_allocator is None:
         return (allocator.available_size(), cache_evictable(tree_cache))
+    key = (allocator, tree_cache, mamba_allocator, swa)
+    readers = _hybrid_readers[1] if _hybrid_readers[0] == key else _resolve_hybrid_readers(key)
+    return tuple([None if read is None else read() for read in readers])
+
+
+# The bound count readers of the last hybrid pools seen, with the pools they were
+# resolved for (sglang's pools compare by identity): resolving them costs a getattr
+# per count on every pass, and a scheduler keeps its pools for its lifetime.
+_hybrid_readers: list = [None, ()]
+
+
+def _resolve_hybrid_readers(key: tuple) -> tuple:
+    """The readers of ``KvSnapshot``'s fields, in order; None where a field stays None."""
+    allocator, tree_cache, mamba_allocator, swa = key
     if swa:
-        available = _call(allocator, "full_available_size", allocator.available_size)
-        swa_available = _call(allocator, "swa_available_size", None)
-        swa_evictable = _call(tree_cache, "swa_evictable_size", None)
-        swa_protected = _call(tree_cache, "swa_protected_size", None)
+        swa_readers = (
+            _reader(allocator, "full_available_size", allocator.available_size),
+            _reader(allocator, "swa_available_size", None),
+            _reader(tree_cache, "swa_evictable_size", None),
+            _reader(tree_cache, "swa_protected_size", None),
+        )
     else:
-        available = allocator.available_size()
-        swa_available = swa_evictable = swa_protected = None
-    evictable = _call(tree_cache, "full_evictable_size", tree_cache.evictable_size)
-    protected = _call(tree_cache, "full_protected_size", tree_cache.protected_size)
+        swa_readers = (allocator.available_size, None, None, None)
+    available, swa_available, swa_evictable, swa_protected = swa_readers
     if mamba_allocator is None:
         mamba_available = mamba_evictable = mamba_protected = None
     else:
-        mamba_available = mamba_allocator.available_size()
-        mamba_evictable = _call(tree_cache, "mamba_evictable_size", None)
-        mamba_protected = _call(tree_cache, "mamba_protected_size", None)
-    return (
-        available, evictable, swa_available, swa_evictable, mamba_available, mamba_evictable,
-        protected, swa_protected, mamba_protected,
+        mamba_available = mamba_allocator.available_size
+        mamba_evictable = _reader(tree_cache, "mamba_evictable_size", None)
+        mamba_protected = _reader(tree_cache, "mamba_protected_size", None)
+    readers = (
+        available, _reader(tree_cache, "full_evictable_size", tree_cache.evictable_size), swa_available,
+        swa_evictable, mamba_available, mamba_evictable,
+        _reader(tree_cache, "full_protected_size", tree_cache.protected_size), swa_protected, mamba_protected,
     )
+    _hybrid_readers[:] = [key, readers]
+    return readers
 
 
 def kv_row(counts: tuple) -> KvSnapshot:
@@ -60,9 +77,16 @@ def evictable_tokens(scheduler: Any) -> int:
 
 def cache_evictable(tree_cache: Any) -> int:
     """The evictable count ``PrefillBudget`` reads (full pool under mamba)."""
-    if tree_cache.supports_mamba():
-        return tree_cache.full_evictable_size()
-    return tree_cache.evictable_size()
+    tree, read = _evictable_reader
+    if tree is not tree_cache or read is None:  # None: nothing cached yet (and no cache to read: it raises)
+        read = tree_cache.full_evictable_size if tree_cache.supports_mamba() else tree_cache.evictable_size
+        _evictable_reader[:] = [tree_cache, read]
+    return read()
+
+
+# The last tree cache read and its evictable reader: ``supports_mamba()`` is fixed
+# per cache, and the lock probe and every allocation read the count again.
+_evictable_reader: list = [None, None]
 
 
 def pool_layout(scheduler: Any) -> PoolLayout:
@@ -111,3 +135,8 @@ def _call(obj: Any, name: str, fallback: Any) -> Any:
     if method is not None:
         return method()
     return fallback() if callable(fallback) else fallback
+
+
+def _reader(obj: Any, name: str, fallback: Any) -> Any:
+    """``obj.name`` bound, else ``fallback`` (a reader, or None: the count is not there)."""
+    return getattr(obj, name, None) or fallback

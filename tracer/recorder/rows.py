@@ -1,4 +1,5 @@
-"""Writer thread: schema rows from live ``Req`` references plus the ints captured at pass entry.
+"""Writer thread: schema rows from live ``Req`` references plus the ints captured at pass entry,
+and the ``Alloc`` records from the ints an allocator hook read.
 
 Pure functions, lengths and counts only, never token ids or text. They read
 only the ``Req`` fields that never change once a request is queued
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedtrace.tracer.contract.schema import ChunkedReq, RunningReq, WaitingReq
+from schedtrace.tracer.contract.schema import Alloc, ChunkedReq, RunningReq, WaitingReq
 
 
 def waiting_rows(reqs: list, prefix: list[int], outputs: list[int]) -> list[WaitingReq]:
@@ -41,3 +42,16 @@ def chunked_row(req: Any, prefix_len: int, output_len: int) -> ChunkedReq:
     return ChunkedReq(
         req.rid, len(req.origin_input_ids), prefix_len, params.max_new_tokens, output_len, bool(params.ignore_eos),
     )
+
+
+def alloc_row(t_ns: int, op: str, requested: int, available: int, evictable: int, ok: bool) -> Alloc:
+    """``Recorder.on_alloc``'s deferred call; ``pass_seq`` is numbered at write."""
+    return Alloc(t_ns, -1, op, int(requested), int(available), int(evictable), ok)
+
+
+def mamba_alloc_row(t_ns: int, op: str, requested: int, free_slots: Any, evictable: int, ok: bool) -> Alloc:
+    """``alloc_row`` with ``MambaSlotAllocator.available_size()`` taken here: ``len`` of the
+    free list the call started from. sglang never resizes a free list in place (an
+    allocation rebinds ``free_slots`` to a slice, a free to a ``torch.cat``, ``clear`` to
+    a new ``arange``), so its length now is the count before the call."""
+    return alloc_row(t_ns, op, requested, len(free_slots), evictable, ok)

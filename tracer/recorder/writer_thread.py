@@ -23,10 +23,12 @@ fills again. Nothing is written if nothing fires.
 
 Deferred records: the producer may submit a ``Deferred`` instead of a record
 (the recorder's pass capture: references to live requests plus the ints that
-could change). The writer calls its ``build()`` just before numbering and
-writing, so the schema Structs are made here, not on the scheduler thread.
-A ``build()`` that raises drops that record, counted in the footer as
-``build_errors`` and logged once.
+could change), or a deferred call, a tuple ``(build, *args)`` (an allocation's
+ints: a tuple costs the scheduler thread less than any object). The writer
+calls ``build()`` (or ``build(*args)``) just before numbering and writing, so
+the schema Structs are made here, not on the scheduler thread. A build that
+raises drops that record, counted in the footer as ``build_errors`` and
+logged once.
 
 GIL: building and encoding are Python work that holds the GIL; a scheduler
 thread waking from a GPU wait would otherwise wait up to the interpreter's
@@ -162,6 +164,17 @@ class WriterThread:
         queue.append(record)
         return True
 
+    def submit_all(self, records: list) -> None:
+        """``submit`` each of ``records`` in order, with one room check: those past a full queue are dropped."""
+        queue = self._queue
+        room = self.queue_size - len(queue)
+        if len(records) <= room:
+            queue.extend(records)
+            return
+        if room > 0:
+            queue.extend(records[:room])
+        self.dropped += len(records) - max(room, 0)
+
     # --- writer side ---
 
     def _run(self) -> None:
@@ -211,9 +224,9 @@ class WriterThread:
         built: list[Record] = []
         slice_start = clock()
         for item in queued:
-            if isinstance(item, Deferred):
+            if type(item) is tuple or isinstance(item, Deferred):
                 try:
-                    item = item.build()
+                    item = item[0](*item[1:]) if type(item) is tuple else item.build()
                 except Exception:
                     self.build_errors += 1
                     if self.build_errors == 1:

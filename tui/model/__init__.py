@@ -13,5 +13,7 @@ trace), ``latch`` (since which pass ``batch_is_full`` held), ``why_lines``
 number), ``report_match`` (is the report this trace's?), ``marks`` (events
 for jumps and marks, stalls per arm), ``filters``, ``lifecycle`` (one
 request's life), ``pools`` (the KV pools of a pass, the hybrid SWA and mamba
-ones too) and ``charts`` (the charts' columns over time).
+ones too), ``charts`` (the charts' columns over time), ``rank_set`` (the
+run's ranks and how each is opened), ``desync`` (where the ranks disagree)
+and ``damage`` (the gaps, and the passes each lost).
 """

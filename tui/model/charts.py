@@ -18,7 +18,7 @@ from math import floor, log10
 from schedtrace.tracer.analysis import admission as adm
 from schedtrace.tracer.analysis.why import why
 from schedtrace.tracer.contract.schema import Header, Pass
-from schedtrace.tui.model.marks import GLYPHS, Marks
+from schedtrace.tui.model.marks import GLYPHS, POINT_KINDS, Marks
 from schedtrace.tui.model.scan import ScanResult
 
 # Verdicts whose check compared the head's need with the KV budget (the others never got that far).
@@ -115,7 +115,7 @@ class ChartData:
     waiting: list[int] = field(default_factory=list)  # the column's peaks
     running: list[int] = field(default_factory=list)
     need: list[float | None] = field(default_factory=list)  # see ``head_need_line``
-    events: str = ""  # one GLYPHS character (or " ") per column: errors, then divergences
+    events: str = ""  # one GLYPHS character (or " ") per column, the most serious event's
     stalled: list[tuple[bool, ...]] = field(default_factory=list)  # per column, per arm (Marks.arms)
 
 
@@ -182,10 +182,11 @@ def _stall_cells(marks: Marks, axis: TimeAxis) -> list[tuple[bool, ...]]:
 
 
 def _event_cells(marks: Marks, axis: TimeAxis) -> str:
-    """One character per column; an error outranks a divergence."""
+    """One character per column; the more serious kind wins (the order of ``GLYPHS``)."""
     cells = [" "] * axis.columns
     passes = len(axis.t_ns)
-    for points, glyph in ((marks.divergence, GLYPHS["divergence"]), (marks.error, GLYPHS["error"])):
+    for kind in reversed(POINT_KINDS):
+        points, glyph = marks.of(kind), GLYPHS[kind]
         for n in points:
             if 0 <= n < passes:
                 cells[axis.column_of(n)] = glyph

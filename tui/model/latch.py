@@ -3,7 +3,8 @@
 ``why`` names the pass whose outcome latched the flag ("latched since 866");
 ``why_trace`` finds it by walking every pass in order, decoding each one. The
 browser decodes only the passes on screen, so the scan feeds each pass's two
-flags here once, with ``why_trace``'s rule, and any pass can then be asked.
+flags here once, with ``why_trace``'s rule (``why.latch_since``), and any
+pass can then be asked.
 tests/test_tui.py holds this to ``why_trace`` on a recorded sample.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+
+from schedtrace.tracer.analysis.why import latch_since
 
 
 class LatchRuns:
@@ -32,11 +35,7 @@ class LatchRuns:
                 self.since.append(since)
                 self.first.append(n)
                 self.last.append(n)
-        # why_trace's rule: the flag ends with a clear outcome; a fresh latch names its pass.
-        if not batch_is_full_out:
-            self._since = None
-        elif since is None or not batch_is_full_in:
-            self._since = seq
+        self._since = latch_since(since, seq, batch_is_full_in, batch_is_full_out)  # why_trace's rule
 
     def since_at(self, n: int) -> int | None:
         """The pass seq the latch has held since at pass ``n`` (None: not latched in)."""

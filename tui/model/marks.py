@@ -16,7 +16,8 @@ from schedtrace.tui.model.replay_index import ReplayIndex
 from schedtrace.tui.model.scan import ScanResult
 
 # Each kind's glyph, most serious first: a pass that is several shows the first.
-GLYPHS: Final = {"error": "✖", "divergence": "◆", "stall": "▬"}
+GLYPHS: Final = {"error": "✖", "gap": "▒", "divergence": "◆", "desync": "≠", "loss": "▽", "stall": "▬"}
+POINT_KINDS: Final = tuple(kind for kind in GLYPHS if kind != "stall")  # marked at single passes
 RECORDED: Final = "recorded"  # the arm of the trace's own decisions (no replay loaded)
 
 
@@ -56,12 +57,16 @@ class _ArmStalls:
 class Marks:
     """Sorted pass numbers of each kind of event, for next/previous jumps."""
 
-    KINDS: Final = ("divergence", "stall", "error")
+    KINDS: Final = ("divergence", "stall", "error", "desync", "damage")
 
     def __init__(self) -> None:
         self.divergence = array("q")
         self.stall = array("q")  # stall onsets, every arm's
         self.error = array("q")
+        self.desync = array("q")  # passes where this rank disagrees with the others of its group
+        self.gap = array("q")  # each gap's row: its first lost pass, else the pass after it
+        self.loss = array("q")  # passes after which the recorder dropped records (``loss`` records)
+        self.damage = array("q")  # gaps and losses, one jump for both
         self.failed_alloc = array("q")  # passes after which a KV allocation failed (also errors)
         self.arms: tuple[str, ...] = ()  # arms whose stalls are marked, in band order
         self._stalls: dict[str, _ArmStalls] = {}
@@ -130,19 +135,31 @@ class Marks:
     def is_divergence(self, n: int) -> bool:
         return _has(self.divergence, n)
 
+    def is_desync(self, n: int) -> bool:
+        return _has(self.desync, n)
+
     def kind_at(self, n: int) -> str | None:
         """The most serious kind of event at pass ``n`` (the order of ``GLYPHS``)."""
-        if _has(self.error, n):
-            return "error"
-        if _has(self.divergence, n):
-            return "divergence"
+        for kind in POINT_KINDS:
+            if _has(self.of(kind), n):
+                return kind
         if self.in_stall(n):
             return "stall"
         return None
 
 
-def build_marks(scan: ScanResult | None, replay: ReplayIndex) -> Marks:
+def _sorted(points: Iterable[int]) -> array:
+    return array("q", sorted(set(points)))
+
+
+def build_marks(scan: ScanResult | None, replay: ReplayIndex, *, desync: Iterable[int] = (),
+                gaps: Iterable[int] = ()) -> Marks:
+    """``desync``: this rank's passes where the ranks disagree; ``gaps``: each gap's pass-list row."""
     marks = Marks()
+    marks.desync = _sorted(desync)
+    marks.gap = _sorted(gaps)
+    marks.loss = _sorted(loss.after for loss in scan.loss_events) if scan is not None else array("q")
+    marks.damage = _sorted([*marks.gap, *marks.loss])
     marks.divergence = array("q", sorted(replay.divergences))
     if replay.report is not None:
         marks.set_stalls(replay.stall_runs())

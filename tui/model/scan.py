@@ -1,4 +1,4 @@
-"""One pass over every record of a trace: timeline series, outcomes, errors, stalls, rid spans."""
+"""One pass over every record of a trace: timeline series, outcomes, errors, stalls, rid spans, losses."""
 
 from __future__ import annotations
 
@@ -11,15 +11,25 @@ from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.analysis.outcome import OUTCOMES, pass_outcome
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.errors import TraceFormatError
-from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.schema import Abort, Alloc, Arrival, Finish, Loss, Pass, Retract
 from schedtrace.tui.model.latch import LatchRuns
+from schedtrace.tui.model.rank_set import Reader
 from schedtrace.tui.model.rids import RidIndex
 
 SERIES: Final = ("waiting", "running", "kv_free", "kv_evictable", "chunk")
 OUTCOME_CODE: Final = {name: code for code, name in enumerate(OUTCOMES)}  # one byte per pass in ScanResult.results
 CANCEL_CHECK_EVERY: Final = 1_000  # passes between looks at ``cancelled``: quitting must not wait for the scan
+MAX_LOSS_EVENTS: Final = 10_000  # loss records kept one by one (every one is counted in ``losses``)
+
+
+@dataclass(frozen=True)
+class LossAt:
+    """A ``loss`` record: ``count`` records the recorder dropped (``reason``) after pass ``after``."""
+
+    after: int  # the pass before it (0 for one before the first pass)
+    count: int
+    reason: str
 
 
 @dataclass(eq=False)  # compared by identity: the app's reactive must not walk every array
@@ -35,6 +45,7 @@ class ScanResult:
     stalls: list[tuple[int, int]] = field(default_factory=list)  # recorded stalls, by the analysis.stalls rules
     latch: LatchRuns = field(default_factory=LatchRuns)
     losses: int = 0
+    loss_events: list[LossAt] = field(default_factory=list)  # the first MAX_LOSS_EVENTS, in order
     end_ns: int = 0
     truncated_at: int | None = None
     failure: str | None = None  # the format error that ended the scan early
@@ -44,7 +55,7 @@ class ScanResult:
         return len(self.t_ns)
 
 
-def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] | None = None,
+def scan_trace(reader: Reader, *, on_progress: Callable[[int, int], None] | None = None,
                cancelled: Callable[[], bool] = lambda: False, every: int = 20_000,
                stall_passes: int = DEFAULT_STALL_PASSES) -> ScanResult:
     """Read every record once: the timeline series, error passes and rid spans.
@@ -63,12 +74,16 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     touch = rids.touch
     pending_arrivals: list[tuple[str, int]] = []
     last_pass = -1
+    first_pass = reader.header.first_pass
     end_ns = 0
     size = max(reader.data_end, 1)
     try:
         for offset, record in reader.records():
             kind = type(record)
             if kind is Pass:
+                n = record.seq - first_pass
+                if n > len(out.t_ns):
+                    _hold_over_lost(out, n, record.t_ns)
                 last_pass = n = len(out.t_ns)
                 out.t_ns.append(record.t_ns)
                 waiting.append(len(record.waiting))
@@ -110,6 +125,8 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
                     out.error_passes.append(record.pass_seq)
             elif kind is Loss:
                 out.losses += record.count
+                if len(out.loss_events) < MAX_LOSS_EVENTS:
+                    out.loss_events.append(LossAt(max(last_pass, 0), record.count, record.reason))
             end_ns = max(end_ns, getattr(record, "t_ns", 0))
     except TraceFormatError as exc:
         out.failure = str(exc)
@@ -120,3 +137,14 @@ def scan_trace(reader: TraceReader, *, on_progress: Callable[[int, int], None] |
     # Sorted and unique, so bisect can walk them.
     out.error_passes = array("q", sorted(set(p for p in out.error_passes if p >= 0)))
     return out
+
+
+def _hold_over_lost(out: ScanResult, upto: int, next_t_ns: int) -> None:
+    """Passes before ``upto`` lost in a gap (read past with skip_damaged): keep arrays indexed by pass
+    number, each lost pass holding the values of the pass before it (outcome "none")."""
+    missing = upto - len(out.t_ns)
+    last = len(out.t_ns) - 1
+    for name, values in out.series.items():
+        values.extend([values[last] if last >= 0 else 0] * missing)
+    out.t_ns.extend([out.t_ns[last] if last >= 0 else next_t_ns] * missing)
+    out.results.extend([OUTCOME_CODE["none"]] * missing)

@@ -9,8 +9,9 @@ from textual.reactive import reactive, var
 from textual.widget import Widget
 from textual.widgets import Static
 
-from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tui.model.damage import GapView
 from schedtrace.tui.model.header import SEPARATOR, HeaderItem, fit, header_items
+from schedtrace.tui.model.rank_set import Reader
 from schedtrace.tui.model.scan import ScanResult
 
 
@@ -22,11 +23,17 @@ class TraceHeader(Widget):
     scan: reactive[ScanResult | None] = reactive(None, init=False)
     divergences: reactive[int] = reactive(0, init=False)
     report_doubts: reactive[list[str]] = reactive(list, init=False)
+    gaps: reactive[list[GapView]] = reactive(list, init=False)
+    ranks: reactive[tuple[str, bool] | None] = reactive(None, init=False)  # the ranks' verdict, and is it a desync
 
-    def __init__(self, reader: TraceReader, arms: tuple[str, str] | None, **kwargs) -> None:
+    def __init__(self, reader: Reader, arms: tuple[str, str] | None, rank: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.reader = reader
-        self.arms = arms
+        self.show(reader, arms, rank)
+
+    def show(self, reader: Reader, arms: tuple[str, str] | None, rank: str | None) -> None:
+        """The trace (the rank, ``tp1 2/4``) this header is about."""
+        self.reader, self.arms, self.rank = reader, arms, rank
+        self.refresh()
 
     def render(self) -> Text:
         return self.text()
@@ -40,6 +47,9 @@ class TraceHeader(Widget):
             losses=scan.losses if scan else 0,
             truncated_at=(scan.truncated_at if scan else None) or reader.truncated_at,
             closed_cleanly=reader.closed_cleanly,
+            rank=self.rank,
+            gaps=self.gaps,
+            ranks=self.ranks,
         )
         if self.arms is not None:
             items.append(HeaderItem("replay", f"{self.arms[0]} → {self.arms[1]}"))

@@ -20,11 +20,12 @@ from textual.widget import Widget
 
 from schedtrace.tui.messages import ChartsResized, PassPicked
 from schedtrace.tui.model.charts import ChartData
+from schedtrace.tui.model.marks import GLYPHS, POINT_KINDS
 from schedtrace.tui.widgets import palette
 from schedtrace.tui.widgets.plots import ChartImage
 
 CURSOR = Style(reverse=True)
-EVENT_STYLES = {"◆": palette.MARK_STYLES["divergence"], "✖": palette.MARK_STYLES["error"]}
+EVENT_STYLES = {GLYPHS[kind]: palette.MARK_STYLES[kind] for kind in POINT_KINDS}
 TITLE_LINES = 1
 EVENT_LINES = 1
 

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from schedtrace.tracer.analysis import why
-from schedtrace.tui.model.marks import GLYPHS
+from schedtrace.tui.model.marks import GLYPHS, POINT_KINDS
 from schedtrace.tui.widgets import palette
 
 # What each of analysis.why's reasons means (the words are why.py's).
@@ -29,9 +29,19 @@ WHY_MEANINGS: Final = {
 }
 
 
+HEADER_WORDS: Final = (  # (label, value, meaning): the header's words about ranks and damage
+    ("rank", "tp1 2/4", "the rank shown, of the run's ranks in (pp, dp, tp) order: [ and ] switch"),
+    ("ranks", "agree (tp)", "the ranks' comparison found no difference (its mode: tp, dp-attention or dp)"),
+    ("ranks", "DESYNC 3 passes", "passes of this rank where its group disagrees (d jumps)"),
+    ("", "DAMAGED", "the file has unreadable regions: how many, and the passes they lost (i lists them)"),
+    ("lost", "7", "records the recorder dropped (loss records; x jumps to each)"),
+)
+
+
 def key_label(key: str) -> str:
     """A binding's keys as the help shows them (``question_mark`` → ``?``)."""
-    names = {"slash": "/", "question_mark": "?", "left": "←", "right": "→", "up": "↑", "down": "↓"}
+    names = {"slash": "/", "question_mark": "?", "left": "←", "right": "→", "up": "↑", "down": "↓",
+             "left_square_bracket": "[", "right_square_bracket": "]"}
     return "/".join(names.get(k, k) for k in key.split(","))
 
 
@@ -70,9 +80,17 @@ def legend_text(arms: tuple[str, ...]) -> Text:
     """Every mark, colour and word the views show; ``arms``: the arms whose stalls are banded."""
     text = Text()
     _section(text, "Marks (first column of the pass list, the charts' events line)")
-    for kind in ("error", "divergence"):
-        text.append(f"  {GLYPHS[kind]}  ", style=palette.MARK_STYLES[kind])
-        text.append(f"{kind}: {palette.MARK_MEANINGS[kind]}\n")
+    for kind in POINT_KINDS:
+        text.append("  ")
+        text.append(GLYPHS[kind], style=palette.MARK_STYLES[kind])
+        text.append(f"  {kind}: {palette.MARK_MEANINGS[kind]}\n")
+    text.append("  7 lost in the gap …", style=palette.LOST_PASS)
+    text.append("  a pass-list line for a pass a gap lost (i lists the gaps and losses)\n")
+    _section(text, "Header (the top line)")
+    for label, value, meaning in HEADER_WORDS:
+        text.append(f"  {label} ", style="dim")
+        text.append(value, style="bold red" if value.isupper() else "bold")
+        text.append(f"  {meaning}\n")
     _section(text, "Stall bands (a stall: the check would admit, the arm admits nothing, for several passes)")
     for i, arm in enumerate(arms[: len(palette.ARM_COLOURS)]):
         colour = palette.ARM_COLOURS[i]

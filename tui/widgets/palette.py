@@ -41,9 +41,15 @@ RESULT_MEANINGS: Final = {
     "error": "the pass raised",
 }
 MARK_STYLES: Final = {"error": Style(color="red", bold=True), "divergence": Style(color="bright_magenta", bold=True),
-                      "stall": Style(color="yellow")}
+                      "stall": Style(color="yellow"), "desync": Style(color="bright_cyan", bold=True),
+                      "gap": Style(color="bright_white", bgcolor="red", bold=True),
+                      "loss": Style(color="bright_yellow", bold=True)}
 MARK_MEANINGS: Final = {"error": "the pass raised, or a KV allocation failed after it",
-                        "divergence": "the two arms decide differently"}
+                        "gap": "unreadable bytes in the file: the first pass lost there (its lost passes too)",
+                        "divergence": "the two arms decide differently",
+                        "desync": "the ranks that must agree (one TP or attention-TP group) differ here",
+                        "loss": "the recorder dropped records after this pass (a loss record)"}
+LOST_PASS: Final = Style(color="red", italic=True)  # a pass-list line for a pass lost in a gap
 DIVERGENT_SEQ: Final = Style(color="bright_magenta", bold=True)  # a divergent pass's number in the list
 SEARCHED: Final = Style(color="black", bgcolor="yellow", bold=True)  # the rid found with /
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 
 from schedtrace.tracer.analysis.decision import recorded_decision
@@ -105,8 +107,10 @@ def _stall_lines(stalls: list[StallRun], arm_order: tuple[str, ...]) -> list[Tex
 
 def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | None, arms: tuple[str, str] | None,
                 stalls: list[StallRun], arm_order: tuple[str, ...], failed_alloc: bool,
-                why: list[tuple[str | None, Why]], searched: str | None = None) -> list[Text]:
-    """The pane's lines for one pass; ``searched``: the rid found with ``/`` (its rows are highlighted)."""
+                why: list[tuple[str | None, Why]], searched: str | None = None,
+                events: Sequence[Text] = ()) -> list[Text]:
+    """The pane's lines for one pass; ``searched``: the rid found with ``/`` (its rows are highlighted);
+    ``events``: lines about the other ranks and the file's damage here (``rank_lines.py``)."""
     parts: list[Text] = []
     title = Text(f"Pass {p.seq}", style="bold")
     title.append(f"  t={humanize_ns(p.t_ns)}  took {p.dur_ns / 1e3:.0f}µs  result {pass_outcome(p)}")
@@ -126,6 +130,7 @@ def pass_detail(p: Pass, *, divergence: Divergence | None, mismatch: Mismatch | 
         parts.append(Text(f"{GLYPHS['error']} raised: {p.error}", style="bold red"))
     if failed_alloc:
         parts.append(Text(f"{GLYPHS['error']} a KV allocation failed after this pass", style="bold red"))
+    parts.extend(events)
 
     if divergence is not None and arms is not None:
         parts.extend(_decision_table("Decisions", arms[0], divergence.old, arms[1], divergence.new))

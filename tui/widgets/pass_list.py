@@ -2,7 +2,8 @@
 
 Like toolong's log view, only the visible lines are decoded (through a small
 LRU cache), so a million-pass trace scrolls as fast as a ten-pass one. Each
-line starts with the event mark and one gutter cell per arm; a pass inside
+line starts with the event mark (a pass lost in a gap is one line saying
+where) and one gutter cell per arm; a pass inside
 an arm's stall has that arm's bar in its cell and the whole line on the
 arm's band colour. Where the list is wide enough, each line ends with why
 nothing (more) was admitted.
@@ -22,6 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
+from schedtrace.tracer.contract.errors import TraceDamagedError
 from schedtrace.tracer.contract.schema import Pass
 from schedtrace.tui.messages import CursorMoved
 from schedtrace.tui.model.marks import GLYPHS, Marks
@@ -214,6 +216,11 @@ class PassList(ScrollView, can_focus=True):
         pass_no = self.pass_of(row)
         try:
             segments, band = self._segments(pass_no, self.cache.get(pass_no), width)
+        except TraceDamagedError as exc:  # lost in a gap (read past with skip_damaged): say where
+            gap = exc.gap
+            segments, band = [(GLYPHS["gap"], palette.MARK_STYLES["gap"]),
+                              (f" {' ' * BAND_CELLS}{pass_no:>7} lost in the gap at bytes {gap.start:,}–{gap.end:,}",
+                               palette.LOST_PASS)], None
         except Exception as exc:  # a corrupt record: show it on its line, keep browsing
             self.decode_failure = str(exc)
             segments, band = [(f"  {pass_no:>8} unreadable: {exc}"[:ROW_WIDTH], Style(color="red"))], None

@@ -1,10 +1,11 @@
-"""Modal prompts and the request view (the help screen is in ``help.py``)."""
+"""Modal prompts, a page of text and the request view (the help screen is in ``help.py``)."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
@@ -36,6 +37,31 @@ class Prompt(ModalScreen[str | None]):
         self.dismiss(event.value)
 
     def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TextScreen(ModalScreen[None]):
+    """A titled page of text over the browser (the gaps and losses); escape closes it."""
+
+    BINDINGS = [Binding("escape,q,i", "close", "Close")]
+    DEFAULT_CSS = """
+    TextScreen { align: center middle; }
+    TextScreen > Vertical { width: 90%; max-width: 140; height: 80%; border: thick $primary; background: $surface;
+                            padding: 0 1; }
+    TextScreen #text-title { text-style: bold; height: auto; }
+    """
+
+    def __init__(self, title: str, text: Text) -> None:
+        super().__init__()
+        self.title_text, self.text = title, text
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id="text-title")
+            with VerticalScroll():
+                yield Static(self.text, id="text-body")
+
+    def action_close(self) -> None:
         self.dismiss(None)
 
 

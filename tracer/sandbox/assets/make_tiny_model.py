@@ -4,8 +4,12 @@ Run ``python -m schedtrace.tracer.sandbox.assets.make_tiny_model`` (or this
 file directly). The output is deterministic, built offline with the
 ``tokenizers`` library, and is shipped in the repository so nothing is
 downloaded at run time. Weights are not stored: the sandbox launches sglang
-with ``--load-format dummy``. Every model folder gets the same tokenizer;
-only ``config.json`` differs (``CONFIGS``: folder name -> config).
+with ``--load-format dummy``. Every model serves the same tokenizer, stored
+once in ``tokenizer/`` (``TOKENIZER_DIR``); each model folder holds its own
+``config.json`` (``CONFIGS``: folder name -> config) and relative symbolic
+links to the tokenizer files, so sglang and its bench client find a whole
+model at ``--model-path``/``--tokenizer`` as before. (A built wheel or sdist
+holds copies where the links were: setuptools copies the files they point at.)
 
 The tokenizer is a word-level vocabulary of exactly ``VOCAB_SIZE`` entries so
 that every id the dummy model can emit decodes to visible text (sglang's
@@ -23,6 +27,8 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 ASSETS_DIR = Path(__file__).resolve().parent
 MODEL_DIR = ASSETS_DIR / "tiny-llama"
+TOKENIZER_DIR = ASSETS_DIR / "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # What every tiny config shares: the vocabulary, the special ids, fp32.
 _COMMON: dict = {
@@ -179,30 +185,42 @@ def tokenizer_config() -> dict:
     }
 
 
-def write_model(out_dir: Path = MODEL_DIR, config: dict = LLAMA_CONFIG) -> list[Path]:
+def _json(data: dict) -> str:
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def write_tokenizer(out_dir: Path = TOKENIZER_DIR) -> list[Path]:
+    """The one tokenizer every model serves."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {
-        "config.json": json.dumps(config, indent=1, sort_keys=True) + "\n",
-        "tokenizer.json": build_tokenizer_json(),
-        "tokenizer_config.json": json.dumps(tokenizer_config(), indent=1, sort_keys=True)
-        + "\n",
-        "special_tokens_map.json": json.dumps(
-            {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<unk>"},
-            indent=1,
-            sort_keys=True,
-        )
-        + "\n",
-    }
-    written = []
+    files = dict(zip(TOKENIZER_FILES, (
+        build_tokenizer_json(),
+        _json(tokenizer_config()),
+        _json({"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<unk>"}),
+    )))
     for name, text in files.items():
-        path = out_dir / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+        (out_dir / name).write_text(text, encoding="utf-8")
+    return [out_dir / name for name in files]
+
+
+def write_model(out_dir: Path = MODEL_DIR, config: dict = LLAMA_CONFIG,
+                tokenizer_dir: Path = TOKENIZER_DIR) -> list[Path]:
+    """A model folder: its config, and links to the shared tokenizer (written by ``write_tokenizer``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / "config.json"
+    config_path.write_text(_json(config), encoding="utf-8")
+    written = [config_path]
+    for name in TOKENIZER_FILES:
+        link = out_dir / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path("..") / tokenizer_dir.name / name)  # relative: the tree moves as a whole
+        written.append(link)
     return written
 
 
 def write_all(assets_dir: Path = ASSETS_DIR) -> list[Path]:
-    return [path for name, config in CONFIGS.items() for path in write_model(assets_dir / name, config)]
+    tokenizer_dir = assets_dir / TOKENIZER_DIR.name
+    return [*write_tokenizer(tokenizer_dir),
+            *(path for name, config in CONFIGS.items() for path in write_model(assets_dir / name, config, tokenizer_dir))]
 
 
 if __name__ == "__main__":
