@@ -18,10 +18,9 @@ from schedtrace.cli.holes import print_holes
 from schedtrace.cli.options import chosen_ranks, json_option, stall_passes_option, damaged_traces_argument
 from schedtrace.cli.per_rank import write_reports
 from schedtrace.cli.style import compact_table, plural
-from schedtrace.tracer.analysis.holes import scan_holes
 from schedtrace.tracer.analysis.summary import summarize
 from schedtrace.tracer.contract.report import Holes
-from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
+from schedtrace.tracer.contract.traceset import TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -112,11 +111,6 @@ def render(summary: dict[str, Any], console: Console) -> None:
     _anomalies(summary["anomalies"], console)
 
 
-def _summary(rank: RankTrace, stall_passes: int) -> dict[str, Any]:
-    """The rank's summary and its holes, read past its unreadable regions."""
-    summary = summarize(rank, stall_passes)
-    summary["holes"] = msgspec.to_builtins(scan_holes(rank))
-    return summary
 
 
 @click.command(short_help="Summarize a trace: contents and anomalies, per rank.")
@@ -129,7 +123,7 @@ def info(traces: TraceSet, rank: str | None, run_id: str | None, json_out: str |
     (failed allocations, exceptions, stalls while KV was free)."""
     with traces:
         run, ranks = chosen_ranks(traces, rank, run_id)
-        summaries = {r.label: _summary(r, stall_passes) for r in ranks}
+        summaries = {r.label: summarize(r, stall_passes) for r in ranks}
     write_reports(run, summaries, json_out, _dumped, render)
 
 

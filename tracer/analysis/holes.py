@@ -12,7 +12,8 @@ Two kinds, both counted in full and the first ``MAX_HOLES_LISTED`` of each liste
   leaves no pass number missing.
 
 ``holes_of`` is pure over the gaps, the loss records and the pass index;
-``scan_holes`` feeds it from a reader (one pass over the records).
+``scan_holes`` feeds it from a reader (one pass over the records); ``info``'s
+summary feeds it from the pass it already makes.
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Final
 
+import msgspec
+
 from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.analysis.holes import holes_of
 from schedtrace.tracer.analysis.pools import UNITS, PoolCounts, limiting_pool, pool_counts
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.format import TraceReader
@@ -127,6 +130,7 @@ def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[
     """Header, counts, idle passes, losses, truncation and anomalies of one trace."""
     tags: Counter[str] = Counter()
     passes = folded = idle = lost = 0
+    losses: list[tuple[int, Loss]] = []
     last_t = 0
     anomalies = _Anomalies()
     scanner = StallScanner(stall_passes, reader.header)
@@ -148,6 +152,7 @@ def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[
             idle += record.count
         elif kind is Loss:
             lost += record.count
+            losses.append((offset, record))
         elif kind is Alloc and not record.ok:
             anomalies.failed_alloc({
                 "offset": offset, "pass_seq": record.pass_seq, "op": record.op,
@@ -176,6 +181,7 @@ def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[
         "lost": lost,
         "unknown_records": dict(sorted(reader.unknown_records.items())),
         "pools": pools.rows(),
+        "holes": msgspec.to_builtins(holes_of(reader.gaps, losses, reader.pass_offsets, reader.header.first_pass)),
         "anomalies": {
             "failed_allocs": anomalies.failed_alloc_count,
             "failed_alloc_list": anomalies.failed_allocs,

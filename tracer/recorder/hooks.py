@@ -186,10 +186,9 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
     def make_alloc_hook(op: str) -> Hook:
         requested_of = ALLOC_REQUESTED[op]
         on_alloc = rec.on_alloc
-        # A mamba pass allocates a state slot per admitted request, so that hook reads the
-        # least it can: ``alloc(1)``'s count without a call, and for ``available_size()``
-        # (``len(free_slots)``) the free list the call starts from, whose length the writer
-        # thread takes (rows.mamba_alloc_row says why that is the same count).
+        # A mamba pass allocates a state slot per admitted request, so for ``available_size()``
+        # (``len(free_slots)``) that hook keeps the free list the call starts from, whose
+        # length the writer thread takes (rows.mamba_alloc_row says why that is the same count).
         mamba = op == "mamba_alloc"
         build = rows.mamba_alloc_row if mamba else rows.alloc_row
 
@@ -198,12 +197,8 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             if in_alloc:
                 return original(allocator, *args, **kwargs)
             try:
-                if mamba:
-                    requested = requested_of(args, kwargs) if kwargs else args[0]
-                    available = allocator.free_slots
-                else:
-                    requested = requested_of(args, kwargs)
-                    available = allocator.available_size()
+                requested = requested_of(args, kwargs)
+                available = allocator.free_slots if mamba else allocator.available_size()
             except Exception as exc:
                 hook_failed(op, exc)
                 return original(allocator, *args, **kwargs)

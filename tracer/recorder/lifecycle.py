@@ -253,8 +253,9 @@ class Recorder:
 
     # --- emitting ---
 
-    def emit(self, record: Record) -> None:
-        """Queue one event record in time order; inside a pass, after that pass's record."""
+    def emit(self, record: Record | tuple) -> None:
+        """Queue one event record (or a deferred call, writer_thread.py) in time order; inside a
+        pass, after that pass's record."""
         if self.paused and self._skip():
             return
         cap = self.capture
@@ -337,12 +338,7 @@ class Recorder:
         scheduler = self.scheduler
         # The full pool's count (pools.evictable_tokens without its wrapper), for mamba slots too.
         evictable = pools.cache_evictable(scheduler.tree_cache) if scheduler is not None else 0
-        call = (build, time.monotonic_ns() - self._t0, op, requested, available, evictable, ok)
-        cap = self.capture  # emit() inlined: the pause is checked above
-        if cap is not None:
-            cap.events.append(call)
-        else:
-            self.emitter.emit(call)
+        self.emit((build, self.now(), op, requested, available, evictable, ok))
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)
