@@ -8,12 +8,13 @@ new arm's decision. Aiter events are replayed the same way. An arm that
 raises is that arm's outcome for the pass and replay goes on.
 
 Input problems: unknown record types are skipped and counted; a torn tail
-ends the replay at the last whole record (``truncated_at``); a corrupt record
-raises ``TraceFormatError`` naming its offset; a trace from another sglang
-version replays with a warning, and fails only where a fix cannot apply.
-A path is read past its unreadable regions (``skip_damaged``): every pass
-present is replayed, and the report's ``holes`` list the regions and the
-``loss`` records (``tracer.analysis.holes``), with a warning.
+ends the replay at the last whole record (``truncated_at``); a trace from
+another sglang version replays with a warning, and fails only where a fix
+cannot apply. A path is read past its unreadable regions (``skip_damaged``),
+as the CLI opens every trace set: every pass present is replayed, and the
+report's ``holes`` list the regions and the ``loss`` records
+(``tracer.analysis.holes``), with a warning. A reader or rank the caller
+opened strictly stops at its first corrupt record with ``TraceDamagedError``.
 
 ``jobs > 1`` (or an ``Executor`` with several workers: local processes or
 Ray tasks) splits the pass records into contiguous ranges replayed by the

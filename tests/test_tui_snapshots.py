@@ -27,12 +27,18 @@ def trace(tmp_path_factory) -> tuple[Path, Path]:
     return path, report_path
 
 
-async def _settle(pilot) -> None:
+async def _settle(pilot, ready=lambda app: True) -> None:
+    """Wait until no worker runs and ``ready(app)`` holds, on three looks in a row 20 ms apart:
+    workers start after a refresh (call_after_refresh), so one idle look can come before them."""
     app = pilot.app
-    for _ in range(3):
-        while any(worker.is_running for worker in app.workers):
-            await pilot.pause(0.02)
-        await pilot.pause()
+    idle = 0
+    for _ in range(500):  # at most about 10 s
+        busy = any(worker.is_running for worker in app.workers) or not ready(app)
+        idle = 0 if busy else idle + 1
+        if idle == 3:
+            return
+        await pilot.pause(0.02)
+    raise AssertionError("the app did not settle: a worker still runs, or what the test waits for never came")
 
 
 def _app(trace) -> TraceApp:
@@ -113,7 +119,7 @@ def test_gap_in_a_damaged_copy(snap_compare, tmp_path):
     from test_tui_ranks import app_for, write_damaged
 
     async def run_before(pilot) -> None:
-        await _settle(pilot)
+        await _settle(pilot, ready=lambda app: bool(app.gaps))  # x jumps to the gap only once it is found
         await pilot.press("x", "x")
         await _settle(pilot)
 
