@@ -141,6 +141,23 @@ class LocalExecutor:
             yield from map(fn, items)
             return
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-        with context.Pool(workers) as pool:
+        pool = context.Pool(workers, initializer=_default_stop_signals)
+        try:
             # chunksize 1: cells take seconds each, and uneven ones should not queue behind each other
             yield from pool.imap(fn, items, chunksize=1)
+        except BaseException:
+            pool.terminate()
+            raise
+        else:
+            pool.close()  # workers leave on their own once the queue is empty: no signal needed
+        finally:
+            pool.join()
+
+
+def _default_stop_signals() -> None:
+    """A forked worker inherits its parent's Python handlers (Ray's driver exits through
+    ``sys.exit``, a recorder closes its trace); a worker told to stop must simply stop."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)

@@ -197,9 +197,12 @@ class Recorder:
 
         atexit.register(self.close)
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            owner = os.getpid()
+
             def on_sigterm(signum, frame):
                 try:
-                    self.close()
+                    if os.getpid() == owner:  # a forked child has no writer thread to close
+                        self.close()
                 finally:
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     os.kill(os.getpid(), signal.SIGTERM)

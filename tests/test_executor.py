@@ -1,0 +1,30 @@
+"""Local worker processes (schedtrace.replay.executor.LocalExecutor) stop whatever signal
+handlers their parent installed: Ray's driver, a recorder and sglang each install one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+# The parent's SIGTERM handler never returns (as a recorder's close would not, in a forked
+# worker without its writer thread), so a worker that kept it would never stop.
+SCRIPT = textwrap.dedent("""
+    import signal, threading
+    from schedtrace.replay.executor import LocalExecutor
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Event().wait())
+    items = list(range(-8, 0))
+    done = list(LocalExecutor(2).map(abs, items))
+    assert done == [abs(i) for i in items], done
+    for first in LocalExecutor(2).map(abs, items):  # left early: the pool is torn down
+        break
+    assert first == 8, first
+    print("stopped")
+""")
+
+
+def test_workers_stop_though_the_parent_handles_sigterm_forever():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "stopped"
