@@ -26,7 +26,7 @@ most), and the admitting pass (admits 8, 4 on a cached prompt; the real
 KV; the target: 1.05 at most). Each family has its own recorder, attached
 to its scheduler as the plugin attaches it, so the trace's header and every
 KV read are that family's. Then the cost of the one read that differs from
-a full-pool pass: ``pools.kv_counts`` on these pools against the full-pool
+a full-pool pass: the recorder's ``PoolReaders.counts`` on these pools against the full-pool
 read (two calls) on the same ones. Prints the pool counts the recorder wrote.
 Torch runs on one thread. Run: ``python -m bench.bench_hybrid``. Nothing
 here asserts a time.
@@ -218,15 +218,16 @@ def family_rows(family: str, out: str) -> tuple[list, bench.TraceStats, list[str
 
 
 def read_rows(family: str, s: Any, hybrid: HybridPools) -> tuple[str, dict[str, float]]:
-    """``kv_counts`` on the pass's entry state against the full-pool read of the same pools."""
+    """The recorder's pass-entry read (``PoolReaders.counts``) against the full-pool read of the same pools."""
     hybrid.reset(s)
-    allocator, tree = s.token_to_kv_pool_allocator, s.tree_cache
+    readers = pools.PoolReaders(s)
+    available, evictable = s.token_to_kv_pool_allocator.available_size, readers.evictable
 
     def full_read() -> tuple:
-        return (allocator.available_size(), pools.cache_evictable(tree))
+        return (available(), evictable())
 
     times = {}
-    for name, read in (("full-pool read", full_read), ("kv_counts", lambda: pools.kv_counts(s))):
+    for name, read in (("full-pool read", full_read), ("kv_counts", readers.counts)):
         best = float("inf")
         for _ in range(5):
             start = time.perf_counter_ns()

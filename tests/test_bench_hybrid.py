@@ -2,8 +2,7 @@
 
 No timings: what ``bench/bench_hybrid.py`` builds (sglang's own pool classes,
 one state put back before every pass) and what the recorder's hooks write of
-one admitting pass on it (every pool's counts, a ``mamba_alloc`` per state
-slot). Also that the recorder's cached count readers follow the pools when
+one admitting pass on it (every pool's counts, its ``mamba_alloc`` records). Also that the recorder's cached count readers follow the pools when
 another scheduler's are read.
 """
 
@@ -113,7 +112,12 @@ def test_the_recorder_writes_the_hybrid_counts_it_read(family, request, tmp_path
     (p,) = [r for r in records if isinstance(r, Pass)]
     assert p.kv == entry and len(p.admitted) == 8
     ops = [a.op for a in records if isinstance(a, Alloc)]
-    assert ops == (["mamba_alloc"] * 8 + ["alloc"] if family == "mamba" else ["alloc"])
+    # The 4 on a cached prompt copy its state into a slot of their own at the match, one
+    # record each; binding the 8 rows is one record for the other 4 slots; then the KV.
+    assert ops == (["mamba_alloc"] * 5 + ["alloc"] if family == "mamba" else ["alloc"])
+    mamba = [(a.requested, a.available) for a in records if isinstance(a, Alloc) and a.op == "mamba_alloc"]
+    assert mamba == ([(1, entry.mamba_available - k) for k in range(4)] + [(4, entry.mamba_available - 4)]
+                     if family == "mamba" else [])
 
 
 def test_the_cached_count_readers_follow_the_pools_read(mamba, swa) -> None:
@@ -128,7 +132,7 @@ def test_the_cached_count_readers_follow_the_pools_read(mamba, swa) -> None:
                 Scheduler._get_new_batch_prefill_raw(s, None, batch)
         tree, allocator = s.tree_cache, s.token_to_kv_pool_allocator
         full_available = getattr(allocator, "full_available_size", allocator.available_size)  # SWA: the full side
-        reads.append((KvSnapshot(*pools.kv_counts(s)), pools.cache_evictable(tree),
+        reads.append((KvSnapshot(*pools.kv_counts(s)), pools.PoolReaders(s).evictable(),
                       full_available(), tree.full_evictable_size()))
     for counts, evictable, available, full_evictable in reads:
         assert counts.available == available and counts.evictable == full_evictable == evictable

@@ -280,7 +280,7 @@ def test_real_mamba_passes_record_every_pool_and_each_state_slot(mamba_rig: Hybr
     assert [p.kv.mamba_protected for p in passes] == [0, 1, 2]
     mamba_allocs = [a for a in records if isinstance(a, Alloc) and a.op == "mamba_alloc"]
     assert [(a.pass_seq, a.requested, a.available, a.ok) for a in mamba_allocs] == [
-        (0, 1, 10, True), (0, 1, 9, True),  # w0, w1 bind their rows
+        (0, 2, 10, True),  # w0 and w1 bind their rows: one record for the batch's two slots
         (0, 1, 8, True),  # the stash after pass 0 (no pass of its own: it follows pass 0's record)
         (1, 1, 7, True), (1, 1, 6, True),  # w2; the stash
         (2, 1, 5, True),  # w3
@@ -295,8 +295,10 @@ def test_a_mamba_slot_shortage_is_recorded_as_a_failed_slot_allocation(tmp_path:
     (p,) = [r for r in records if isinstance(r, Pass)]
     assert [a.rid for a in p.admitted] == ["w0", "w1", "w2"]  # the adder does not count state slots here
     assert p.error is not None and p.error.startswith("AssertionError: Not enough space for mamba cache")
-    mamba_allocs = [(a.available, a.ok) for a in records if isinstance(a, Alloc) and a.op == "mamba_alloc"]
-    assert mamba_allocs == [(1, True), (0, False)]
+    mamba_allocs = [(a.requested, a.available, a.ok, a.evictable) for a in records
+                    if isinstance(a, Alloc) and a.op == "mamba_alloc"]
+    # The batch asked for two slots with one free, and failed; evictable counts the tree's states.
+    assert mamba_allocs == [(2, 1, False, p.kv.mamba_evictable)]
 
 
 def test_real_swa_passes_record_both_sides(swa_rig: HybridRig) -> None:

@@ -251,9 +251,15 @@ def test_ctrl_c_cancels_every_task(cluster, tmp_path, by_value):
             time.sleep(0.1)
         _thread.interrupt_main()  # what Ctrl-C does to the driver
 
+    # Python's own SIGINT handler, which interrupt_main needs: a test run started in the
+    # background of a shell inherits SIGINT ignored, and then Ctrl-C would do nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_running, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        list(executor.map(_sleeper, [(str(tmp_path), n) for n in range(4)]))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(executor.map(_sleeper, [(str(tmp_path), n) for n in range(4)]))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # Cancelled tasks give their CPUs back; none of them ever finishes.
     deadline = time.monotonic() + 60
     while ray.available_resources().get("CPU", 0) < total_cpus and time.monotonic() < deadline:

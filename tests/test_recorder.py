@@ -316,6 +316,7 @@ def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> No
     assert cache.evictable_size() == 40
 
     probe = LockProbe()
+    probe.evictable = cache.evictable_size  # the recorder binds its scheduler's reader (PoolReaders)
     original = type(cache).lock
 
     def lock(node):  # what HookRegistry's AROUND wrapper of RadixCache.lock calls

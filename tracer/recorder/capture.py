@@ -47,7 +47,7 @@ class PassCapture(Deferred):
         "in_chunk", "budget", "events",
     )
 
-    def __init__(self, scheduler: Any, running_batch: Any, t_ns: int) -> None:
+    def __init__(self, scheduler: Any, running_batch: Any, t_ns: int, readers: pools.PoolReaders) -> None:
         """Pass entry: everything the pass reads that may change before the writer gets to it."""
         self.t_ns = t_ns
         self.dur_ns = 0
@@ -72,7 +72,7 @@ class PassCapture(Deferred):
             self.chunked_out = len(chunked.output_ids)
         else:
             self.chunked_prefix = self.chunked_out = 0
-        self.kv = pools.kv_counts(scheduler)
+        self.kv = readers.counts()
         self.req_slots_free = scheduler.req_to_token_pool.available_size()
         self.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
         self.chunked_prefill_size = effective_chunk_size(scheduler)

@@ -10,7 +10,9 @@ The hooks run on sglang's scheduler thread, the pass hook on every pass:
   the running capture. While a candidate with a prefix match is added,
   ``LockProbe`` (a hook on the tree caches' ``lock``) measures what pinning
   that prefix took from the evictable count (``Candidate.locked_evictable``);
-* the KV allocators: one ``Alloc`` per outermost allocation;
+* the KV allocators: one ``Alloc`` per outermost allocation; the mamba
+  state slots one per ``MambaSlotAllocator.alloc``, except that binding a
+  batch's request rows (``HybridReqToTokenPool.alloc``) is one for its slots;
 * requests arriving, finishing and aborted; ``handle_attention_aiter``;
 * the scheduler's ``__init__`` and ``run_event_loop``: the lifecycle.
 
@@ -64,10 +66,13 @@ ADD_ONE_REQ_TARGET = f"{ADDER}.add_one_req"
 ADD_CHUNKED_REQ_TARGET = f"{ADDER}.add_chunked_req"
 BUDGET_TARGETS = tuple(f"{BUDGET_MODULE}.{cls}.available_chunk_tokens" for cls in BUDGET_CLASSES)
 ALLOC_TARGETS = tuple(f"{ALLOC_MODULE}.{cls}.{method}" for cls, method in ALLOCATOR_METHODS)
+# Binding request rows: the state slots of a batch's new requests, one ``mamba_alloc`` for the call.
+MAMBA_ROWS_TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.alloc"
 
 # Every hook point one scheduling pass runs through (the bench and the tests drive these).
 PASS_TARGETS: tuple[str, ...] = (
-    PASS_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, *LOCK_TARGETS,
+    PASS_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
+    *LOCK_TARGETS,
 )
 
 
@@ -81,13 +86,13 @@ ALLOC_REQUESTED: dict[str, Callable[[tuple, dict], int]] = {
     "alloc_extend": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
     "alloc_decode": lambda a, k: len(_arg(a, k, 0, "seq_lens")),
     "alloc_extend_swa_tail": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
-    "mamba_alloc": lambda a, k: _arg(a, k, 0, "need_size"),  # state slots
 }
+MAMBA_ALLOC = "mamba_alloc"  # MambaSlotAllocator.alloc(need_size): state slots, its own hook
 
 
 def alloc_op(cls: str, method: str) -> str:
     """The ``Alloc.op`` an allocator method is written as: its name; mamba slots have their own."""
-    return "mamba_alloc" if cls.startswith("mamba.") else method
+    return MAMBA_ALLOC if cls.startswith("mamba.") else method
 
 
 def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
@@ -95,6 +100,8 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
     hook_failed = rec.hook_failed
     emitter = rec.emitter
     probe = rec.lock_probe
+    on_alloc = rec.on_alloc
+    on_mamba_alloc = rec.on_mamba_alloc
     in_alloc = False  # inside an allocator hook: composite allocators call their sub-allocators
 
     def pass_hook(original, scheduler, *args, **kwargs):
@@ -136,7 +143,8 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
             # An empty match pins the root, which is never evictable: nothing to measure.
             if prefix_len:
-                probe.arm()
+                probe.drop = None  # LockProbe.arm, inline: a candidate's hook runs on every candidate
+                probe.armed = True
         except Exception as exc:
             probe.disarm()
             hook_failed("add_one_req", exc)
@@ -144,7 +152,8 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         try:
             result = original(adder, req, *args, **kwargs)
         finally:
-            locked = probe.disarm() if prefix_len else 0
+            probe.armed = False
+            locked = probe.drop if prefix_len else 0
         try:
             cap.add_candidate(req, prefix_len, result, locked, len(run_list) > before and run_list[-1] is req)
             if probe.error is not None:
@@ -184,13 +193,10 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         return result
 
     def make_alloc_hook(op: str) -> Hook:
+        if op == MAMBA_ALLOC:
+            return mamba_alloc_hook
         requested_of = ALLOC_REQUESTED[op]
-        on_alloc = rec.on_alloc
-        # A mamba pass allocates a state slot per admitted request, so for ``available_size()``
-        # (``len(free_slots)``) that hook keeps the free list the call starts from, whose
-        # length the writer thread takes (rows.mamba_alloc_row says why that is the same count).
-        mamba = op == "mamba_alloc"
-        build = rows.mamba_alloc_row if mamba else rows.alloc_row
+        build = rows.alloc_row
 
         def alloc_hook(original, allocator, *args, **kwargs):
             nonlocal in_alloc
@@ -198,7 +204,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
                 return original(allocator, *args, **kwargs)
             try:
                 requested = requested_of(args, kwargs)
-                available = allocator.free_slots if mamba else allocator.available_size()
+                available = allocator.available_size()
             except Exception as exc:
                 hook_failed(op, exc)
                 return original(allocator, *args, **kwargs)
@@ -214,6 +220,61 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             return result
 
         return alloc_hook
+
+    mamba_row = rows.mamba_alloc_row
+    rows_call: list | None = None  # inside HybridReqToTokenPool.alloc: [state slots asked, all granted]
+
+    def mamba_alloc_hook(original, allocator, *args, **kwargs):
+        # For ``available_size()`` (``len(free_slots)``) this keeps the free list the call
+        # starts from, whose length the writer thread takes (rows.mamba_alloc_row says why
+        # that is the same count). ``MambaSlotAllocator.alloc`` calls no other allocator.
+        if in_alloc:
+            return original(allocator, *args, **kwargs)
+        call = rows_call
+        if call is not None:  # a slot of a request-row binding: counted into that call's record
+            result = original(allocator, *args, **kwargs)
+            try:
+                call[0] += args[0] if args else kwargs["need_size"]
+                if result is None:
+                    call[1] = False
+            except Exception as exc:
+                hook_failed(MAMBA_ALLOC, exc)
+            return result
+        try:
+            requested = args[0] if args else kwargs["need_size"]
+            free_slots = allocator.free_slots
+        except Exception as exc:
+            hook_failed(MAMBA_ALLOC, exc)
+            return original(allocator, *args, **kwargs)
+        result = original(allocator, *args, **kwargs)
+        try:
+            on_mamba_alloc(mamba_row, MAMBA_ALLOC, requested, free_slots, result is not None)
+        except Exception as exc:
+            hook_failed(MAMBA_ALLOC, exc)
+        return result
+
+    def mamba_rows_hook(original, req_pool, *args, **kwargs):
+        # A state slot per new request of the batch, one at a time: written as one record
+        # (the slots asked, the free count before, whether every one was granted), so an
+        # admitting pass pays for one record, not one per request.
+        nonlocal rows_call
+        if in_alloc or rows_call is not None:
+            return original(req_pool, *args, **kwargs)
+        try:
+            free_slots = req_pool.mamba_allocator.free_slots
+        except Exception as exc:
+            hook_failed(MAMBA_ALLOC, exc)
+            return original(req_pool, *args, **kwargs)
+        call = rows_call = [0, True]
+        try:
+            return original(req_pool, *args, **kwargs)  # "Not enough space for mamba cache" raises here
+        finally:
+            rows_call = None
+            if call[0]:
+                try:
+                    on_mamba_alloc(mamba_row, MAMBA_ALLOC, call[0], free_slots, call[1])
+                except Exception as exc:
+                    hook_failed(MAMBA_ALLOC, exc)
 
     def init_hook(original, scheduler, *args, **kwargs):
         result = original(scheduler, *args, **kwargs)
@@ -296,6 +357,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         (ADD_CHUNKED_REQ_TARGET, add_chunked_req_hook),
         *[(target, chunk_budget_hook) for target in BUDGET_TARGETS],
         *[(target, make_alloc_hook(alloc_op(cls, method))) for target, (cls, method) in zip(ALLOC_TARGETS, ALLOCATOR_METHODS)],
+        (MAMBA_ROWS_TARGET, mamba_rows_hook),
         (AITER_TARGET, aiter_hook),
         *[(target, probe.hook) for target in LOCK_TARGETS],
     ]

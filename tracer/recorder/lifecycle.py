@@ -94,6 +94,7 @@ class Recorder:
         self._start_wall_ns = time.time_ns()
         self.state = State.WAITING
         self.scheduler: Any = None
+        self.readers: pools.PoolReaders | None = None  # the attached scheduler's pools, from the first read
         self._writer: WriterThread | None = None
         self.emitter = Emitter(self.now, self.start)
         self.capture: PassCapture | None = None  # the pass running now, if any
@@ -117,6 +118,15 @@ class Recorder:
             self.scheduler = scheduler
             if self._control is not None and self.start() is not None:
                 self._control.poll(force=True)  # off from the start: not one pass recorded
+
+    def pool_readers(self) -> pools.PoolReaders:
+        """The attached scheduler's count readers, resolved at the first read: one whose
+        pools cannot be read raises here, in the hook that asked, and again at the next."""
+        readers = self.readers
+        if readers is None:
+            readers = self.readers = pools.PoolReaders(self.scheduler)
+            self.lock_probe.evictable = readers.evictable
+        return readers
 
     def start(self, writer: WriterThread | None = None) -> WriterThread | None:
         """Start recording, into ``writer`` or a new writer for the attached scheduler.
@@ -286,7 +296,11 @@ class Recorder:
             return None
         if self.scheduler is None:
             self.attach(scheduler)
-        cap = PassCapture(scheduler, running_batch, self.now())
+        if scheduler is self.scheduler:
+            readers = self.readers or self.pool_readers()
+        else:
+            readers = pools.PoolReaders(scheduler)
+        cap = PassCapture(scheduler, running_batch, self.now(), readers)
         self.capture = cap
         return cap
 
@@ -338,10 +352,27 @@ class Recorder:
         of the time, these, and the evictable count, queued as one tuple."""
         if self.paused and self._skip():
             return
-        scheduler = self.scheduler
-        # The full pool's count (pools.evictable_tokens without its wrapper), for mamba slots too.
-        evictable = pools.cache_evictable(scheduler.tree_cache) if scheduler is not None else 0
-        self.emit((build, self.now(), op, requested, available, evictable, ok))
+        evictable = (self.readers or self.pool_readers()).evictable() if self.scheduler is not None else 0
+        self._queue_alloc((build, self.now(), op, requested, available, evictable, ok))
+
+    def on_mamba_alloc(self, build: Callable[..., Alloc], op: str, requested: int, free_slots: Any, ok: bool) -> None:
+        """``on_alloc`` for mamba state slots, whose ``evictable`` is the tree's evictable
+        state slots, read only when the allocation failed (a refused slot is where eviction
+        matters, and a refused call changed nothing); 0 when it succeeded."""
+        if self.paused and self._skip():
+            return
+        evictable = 0
+        if not ok and self.scheduler is not None:
+            read = (self.readers or self.pool_readers()).mamba_evictable
+            evictable = read() if read is not None else 0
+        self._queue_alloc((build, self.now(), op, requested, free_slots, evictable, ok))
+
+    def _queue_alloc(self, row: tuple) -> None:
+        cap = self.capture  # ``emit`` without its second pause check: most allocations run inside a pass
+        if cap is not None:
+            cap.events.append(row)
+        else:
+            self.emitter.emit(row)
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)

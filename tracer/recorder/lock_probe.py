@@ -10,9 +10,8 @@ which part that was from lengths alone, so the recorder measures it: this is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-
-from schedtrace.tracer.recorder.pools import cache_evictable
 
 # Every ``lock`` sglang 0.5.23 defines; all other prefix caches inherit one of them.
 LOCK_TARGETS = (
@@ -33,14 +32,16 @@ class LockProbe:
     subclass's ``lock`` calling its base, then go straight through).
     ``disarm`` returns the drop, None if no lock was taken; a failed read
     leaves None, sets ``error`` and never reaches the lock's caller.
+    ``evictable`` is the attached scheduler's reader (``PoolReaders.evictable``).
     """
 
-    __slots__ = ("armed", "drop", "error")
+    __slots__ = ("armed", "drop", "error", "evictable")
 
     def __init__(self) -> None:
         self.armed = False
         self.drop: int | None = None
         self.error: Exception | None = None
+        self.evictable: Callable[[], int] | None = None  # set when the recorder attaches
 
     def arm(self) -> None:
         self.drop = None
@@ -55,13 +56,14 @@ class LockProbe:
             return original(tree_cache, *args, **kwargs)
         self.armed = False
         try:
-            before = cache_evictable(tree_cache)
+            evictable = self.evictable
+            before = evictable()
         except Exception as exc:
             self.error = exc
             return original(tree_cache, *args, **kwargs)
         result = original(tree_cache, *args, **kwargs)
         try:
-            self.drop = before - cache_evictable(tree_cache)
+            self.drop = before - evictable()
         except Exception as exc:
             self.error = exc
         return result

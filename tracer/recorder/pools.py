@@ -1,7 +1,7 @@
 """Free, evictable and protected counts of every pool the scheduler reads.
 
 Full, SWA and mamba pools alike: read on the scheduler thread at pass entry
-(``kv_counts``, ints only, a handful of method calls) and turned into a
+(``PoolReaders.counts``, ints only, a handful of method calls bound at attach) and turned into a
 ``KvSnapshot`` on the writer thread (``kv_row``). ``pool_layout`` is the
 header's fixed part: the pool classes and the sizes the hybrid budgets read.
 
@@ -14,33 +14,43 @@ before; the protected counts are read only where there is a hybrid pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from schedtrace.tracer.contract.schema import KvSnapshot, PoolLayout
 
 
+class PoolReaders:
+    """The bound count readers of one scheduler's pools, resolved once (``Recorder.attach``):
+    a scheduler keeps its pools for its lifetime, and resolving a reader costs a getattr
+    per count, which a pass should not pay."""
+
+    __slots__ = ("counts", "evictable", "mamba_evictable")
+
+    def __init__(self, scheduler: Any) -> None:
+        allocator = scheduler.token_to_kv_pool_allocator
+        tree_cache = scheduler.tree_cache
+        mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
+        swa = getattr(scheduler, "is_hybrid_swa", False)
+        # The evictable count ``PrefillBudget`` reads: the full pool's under a mamba tree.
+        self.evictable: Callable[[], int] = (
+            tree_cache.full_evictable_size if tree_cache.supports_mamba() else tree_cache.evictable_size)
+        self.mamba_evictable: Callable[[], int] | None = (
+            None if mamba_allocator is None else _reader(tree_cache, "mamba_evictable_size", None))
+        if not swa and mamba_allocator is None:
+            available, evictable = allocator.available_size, self.evictable
+            self.counts: Callable[[], tuple] = lambda: (available(), evictable())  # a plain model: two calls
+        else:
+            self.counts = _hybrid_counts(_hybrid_readers(allocator, tree_cache, mamba_allocator, swa))
+
+
 def kv_counts(scheduler: Any) -> tuple:
-    """Every pool's counts at pass entry, as ``KvSnapshot``'s field tuple."""
-    allocator = scheduler.token_to_kv_pool_allocator
-    tree_cache = scheduler.tree_cache
-    mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
-    swa = getattr(scheduler, "is_hybrid_swa", False)
-    if not swa and mamba_allocator is None:
-        return (allocator.available_size(), cache_evictable(tree_cache))
-    key = (allocator, tree_cache, mamba_allocator, swa)
-    readers = _hybrid_readers[1] if _hybrid_readers[0] == key else _resolve_hybrid_readers(key)
-    return tuple([None if read is None else read() for read in readers])
+    """Every pool's counts now, as ``KvSnapshot``'s field tuple (the recorder keeps its ``PoolReaders``)."""
+    return PoolReaders(scheduler).counts()
 
 
-# The bound count readers of the last hybrid pools seen, with the pools they were
-# resolved for (sglang's pools compare by identity): resolving them costs a getattr
-# per count on every pass, and a scheduler keeps its pools for its lifetime.
-_hybrid_readers: list = [None, ()]
-
-
-def _resolve_hybrid_readers(key: tuple) -> tuple:
+def _hybrid_readers(allocator: Any, tree_cache: Any, mamba_allocator: Any, swa: bool) -> tuple:
     """The readers of ``KvSnapshot``'s fields, in order; None where a field stays None."""
-    allocator, tree_cache, mamba_allocator, swa = key
     if swa:
         swa_readers = (
             _reader(allocator, "full_available_size", allocator.available_size),
@@ -57,36 +67,27 @@ def _resolve_hybrid_readers(key: tuple) -> tuple:
         mamba_available = mamba_allocator.available_size
         mamba_evictable = _reader(tree_cache, "mamba_evictable_size", None)
         mamba_protected = _reader(tree_cache, "mamba_protected_size", None)
-    readers = (
+    return (
         available, _reader(tree_cache, "full_evictable_size", tree_cache.evictable_size), swa_available,
         swa_evictable, mamba_available, mamba_evictable,
         _reader(tree_cache, "full_protected_size", tree_cache.protected_size), swa_protected, mamba_protected,
     )
-    _hybrid_readers[:] = [key, readers]
-    return readers
+
+
+def _hybrid_counts(readers: tuple) -> Callable[[], tuple]:
+    """One call that reads every count: the two families' shapes written out (a
+    comprehension over the readers costs about 1 us more per pass), else the general form."""
+    a, fe, sa, se, ma, me, fp, sp, mp = readers
+    swa_side, mamba_side = (sa, se, sp), (ma, me, mp)
+    if all(swa_side) and not any(mamba_side):
+        return lambda: (a(), fe(), sa(), se(), None, None, fp(), sp(), None)
+    if all(mamba_side) and not any(swa_side):
+        return lambda: (a(), fe(), None, None, ma(), me(), fp(), None, mp())
+    return lambda: tuple([None if read is None else read() for read in readers])
 
 
 def kv_row(counts: tuple) -> KvSnapshot:
     return KvSnapshot(*counts)
-
-
-def evictable_tokens(scheduler: Any) -> int:
-    """What the radix cache could evict from the full pool right now."""
-    return cache_evictable(scheduler.tree_cache)
-
-
-def cache_evictable(tree_cache: Any) -> int:
-    """The evictable count ``PrefillBudget`` reads (full pool under mamba)."""
-    tree, read = _evictable_reader
-    if tree is not tree_cache or read is None:  # None: nothing cached yet (and no cache to read: it raises)
-        read = tree_cache.full_evictable_size if tree_cache.supports_mamba() else tree_cache.evictable_size
-        _evictable_reader[:] = [tree_cache, read]
-    return read()
-
-
-# The last tree cache read and its evictable reader: ``supports_mamba()`` is fixed
-# per cache, and the lock probe and every allocation read the count again.
-_evictable_reader: list = [None, None]
 
 
 def pool_layout(scheduler: Any) -> PoolLayout:
