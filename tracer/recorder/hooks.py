@@ -86,8 +86,9 @@ ALLOC_REQUESTED: dict[str, Callable[[tuple, dict], int]] = {
     "alloc_extend": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
     "alloc_decode": lambda a, k: len(_arg(a, k, 0, "seq_lens")),
     "alloc_extend_swa_tail": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
+    "mamba_alloc": lambda a, k: _arg(a, k, 0, "need_size"),  # state slots
 }
-MAMBA_ALLOC = "mamba_alloc"  # MambaSlotAllocator.alloc(need_size): state slots, its own hook
+MAMBA_ALLOC = "mamba_alloc"  # MambaSlotAllocator.alloc: its own hook
 
 
 def alloc_op(cls: str, method: str) -> str:
@@ -143,8 +144,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
             # An empty match pins the root, which is never evictable: nothing to measure.
             if prefix_len:
-                probe.drop = None  # LockProbe.arm, inline: a candidate's hook runs on every candidate
-                probe.armed = True
+                probe.arm()
         except Exception as exc:
             probe.disarm()
             hook_failed("add_one_req", exc)
@@ -152,8 +152,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         try:
             result = original(adder, req, *args, **kwargs)
         finally:
-            probe.armed = False
-            locked = probe.drop if prefix_len else 0
+            locked = probe.disarm() if prefix_len else 0
         try:
             cap.add_candidate(req, prefix_len, result, locked, len(run_list) > before and run_list[-1] is req)
             if probe.error is not None:
@@ -222,6 +221,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         return alloc_hook
 
     mamba_row = rows.mamba_alloc_row
+    mamba_requested = ALLOC_REQUESTED[MAMBA_ALLOC]
     rows_call: list | None = None  # inside HybridReqToTokenPool.alloc: [state slots asked, all granted]
 
     def mamba_alloc_hook(original, allocator, *args, **kwargs):
@@ -234,14 +234,14 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         if call is not None:  # a slot of a request-row binding: counted into that call's record
             result = original(allocator, *args, **kwargs)
             try:
-                call[0] += args[0] if args else kwargs["need_size"]
+                call[0] += mamba_requested(args, kwargs)
                 if result is None:
                     call[1] = False
             except Exception as exc:
                 hook_failed(MAMBA_ALLOC, exc)
             return result
         try:
-            requested = args[0] if args else kwargs["need_size"]
+            requested = mamba_requested(args, kwargs)
             free_slots = allocator.free_slots
         except Exception as exc:
             hook_failed(MAMBA_ALLOC, exc)

@@ -271,6 +271,10 @@ class Recorder:
         pass, after that pass's record."""
         if self.paused and self._skip():
             return
+        self._queue(record)
+
+    def _queue(self, record: Record | tuple) -> None:
+        """``emit`` once the pause is checked: the one rule for where an event goes."""
         cap = self.capture
         if cap is not None:
             cap.events.append(record)
@@ -353,7 +357,7 @@ class Recorder:
         if self.paused and self._skip():
             return
         evictable = (self.readers or self.pool_readers()).evictable() if self.scheduler is not None else 0
-        self._queue_alloc((build, self.now(), op, requested, available, evictable, ok))
+        self._queue((build, self.now(), op, requested, available, evictable, ok))
 
     def on_mamba_alloc(self, build: Callable[..., Alloc], op: str, requested: int, free_slots: Any, ok: bool) -> None:
         """``on_alloc`` for mamba state slots, whose ``evictable`` is the tree's evictable
@@ -365,14 +369,8 @@ class Recorder:
         if not ok and self.scheduler is not None:
             read = (self.readers or self.pool_readers()).mamba_evictable
             evictable = read() if read is not None else 0
-        self._queue_alloc((build, self.now(), op, requested, free_slots, evictable, ok))
+        self._queue((build, self.now(), op, requested, free_slots, evictable, ok))
 
-    def _queue_alloc(self, row: tuple) -> None:
-        cap = self.capture  # ``emit`` without its second pause check: most allocations run inside a pass
-        if cap is not None:
-            cap.events.append(row)
-        else:
-            self.emitter.emit(row)
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)
