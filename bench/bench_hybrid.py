@@ -191,7 +191,7 @@ class HybridPools(rig.RealPools):
 
 # --- the run ---------------------------------------------------------------------
 
-READS = 20_000  # kv_counts calls per timed loop
+READS = 20_000  # count reads per timed loop
 
 
 def family_rows(family: str, out: str) -> tuple[list, bench.TraceStats, list[str], list]:

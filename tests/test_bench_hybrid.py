@@ -76,7 +76,7 @@ def test_every_pass_starts_from_the_same_state_and_admits_on_cached_prompts(fami
         entries, admitted = [], []
         for _ in range(2):
             batch = hybrid.reset(s)
-            entries.append(pools.kv_counts(s))
+            entries.append(pools.PoolReaders(s).counts())
             new_batch, _ = Scheduler._get_new_batch_prefill_raw(s, None, batch)
             admitted.append([(r.rid, r.prefix_len > 0) for r in new_batch.reqs])
     assert entries[0] == entries[1] and admitted[0] == admitted[1]
@@ -99,7 +99,7 @@ def test_the_recorder_writes_the_hybrid_counts_it_read(family, request, tmp_path
     points = rig.HookPoints()
     with driver._config.installed():
         batch = hybrid.reset(s)
-        entry = KvSnapshot(*pools.kv_counts(s))
+        entry = KvSnapshot(*pools.PoolReaders(s).counts())
         with points.hooked(points.wrapped(dict(make_hooks(rec)))):
             Scheduler._get_new_batch_prefill_raw(s, None, batch)
     rec.close()
@@ -132,7 +132,7 @@ def test_the_cached_count_readers_follow_the_pools_read(mamba, swa) -> None:
                 Scheduler._get_new_batch_prefill_raw(s, None, batch)
         tree, allocator = s.tree_cache, s.token_to_kv_pool_allocator
         full_available = getattr(allocator, "full_available_size", allocator.available_size)  # SWA: the full side
-        reads.append((KvSnapshot(*pools.kv_counts(s)), pools.PoolReaders(s).evictable(),
+        reads.append((KvSnapshot(*pools.PoolReaders(s).counts()), pools.PoolReaders(s).evictable(),
                       full_available(), tree.full_evictable_size()))
     for counts, evictable, available, full_evictable in reads:
         assert counts.available == available and counts.evictable == full_evictable == evictable

@@ -182,7 +182,7 @@ class HybridRig:
             self.running.merge_batch(batch)
 
     def counts(self) -> KvSnapshot:
-        return pools.kv_row(pools.kv_counts(self.scheduler))
+        return pools.kv_row(pools.PoolReaders(self.scheduler).counts())
 
 
 def prompt(token: int, n: int) -> array:
@@ -241,7 +241,7 @@ def test_a_full_pool_scheduler_still_pays_for_two_counts_only(tmp_path: Path) ->
     rig_ = rig.RealPools(rig.server_args(), 8)
     s = SimpleNamespace(token_to_kv_pool_allocator=rig_.allocator, tree_cache=rig_.tree_cache,
                         req_to_token_pool=rig_.req_to_token_pool, is_hybrid_swa=False)
-    assert pools.kv_counts(s) == (rig.server_args().max_total_tokens, 0)
+    assert pools.PoolReaders(s).counts() == (rig.server_args().max_total_tokens, 0)
 
 
 # --- the header ---------------------------------------------------------------------

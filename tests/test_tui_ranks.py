@@ -227,3 +227,22 @@ def test_a_cancelled_comparison_stops_and_posts_nothing(tmp_path):
         workers.compare(ranks, posted.append, cancelled=lambda: False)
     (compared,) = posted
     assert list(compared.desync.of("tp1")) == list(ALTERED)
+
+
+def test_a_gap_in_a_later_part_is_named_by_its_file_and_numbered_on(tmp_path):
+    from schedtrace.tui.model.damage import gap_views, reader_gaps
+
+    folder = write_run(tmp_path / "run")
+    (part1,) = folder.glob("*tp1*part001.trace")
+    with TraceReader(part1) as reader:
+        offset = reader.pass_offsets[100]
+    data = bytearray(part1.read_bytes())
+    data[offset + 5] ^= 0xFF
+    part1.write_bytes(bytes(data))
+    with open_traceset([folder], skip_damaged=True) as traces:
+        rank = open_rank(traces.run().ranks[1])
+        gaps = reader_gaps(rank)
+    with TraceReader(part1, skip_damaged=True) as alone:
+        expected = gap_views(alone.gaps, alone.pass_offsets, part1.name, SPLIT)
+    assert gaps == expected and len(gaps) == 1
+    assert gaps[0].file == part1.name and gaps[0].first_lost >= SPLIT and gaps[0].passes_lost > 0

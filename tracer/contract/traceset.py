@@ -143,11 +143,17 @@ class RankTrace:
     def gaps(self) -> list[Gap]:
         """Every part's unreadable regions, in order, offsets global (each part is checked once)."""
         found: list[Gap] = []
-        for i, base in enumerate(self._bases):
+        for (_, gaps, _), base in zip(self.part_gaps(), self._bases):
             found.extend(msgspec.structs.replace(g, start=g.start + base, end=g.end + base,
                                                  first_bad=None if g.first_bad is None else g.first_bad + base)
-                         for g in self._reader(i).gaps)
+                         for g in gaps)
         return found
+
+    def part_gaps(self) -> Iterator[tuple[TracePart, list[Gap], array]]:
+        """Each part with its own unreadable regions and pass index, offsets local to its file."""
+        for i, part in enumerate(self.parts):
+            reader = self._reader(i)
+            yield part, reader.gaps, reader.pass_offsets
 
     def fingerprint(self) -> str:
         """Names these exact parts: one part's own fingerprint, or a hash of every part's."""

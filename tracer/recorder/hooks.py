@@ -80,15 +80,16 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
     return kwargs[name] if name in kwargs else args[index]
 
 
+MAMBA_ALLOC = "mamba_alloc"  # MambaSlotAllocator.alloc: its own hook
+
 # How many tokens (or requests, for decode) each allocator method is asked for.
 ALLOC_REQUESTED: dict[str, Callable[[tuple, dict], int]] = {
     "alloc": lambda a, k: _arg(a, k, 0, "need_size"),
     "alloc_extend": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
     "alloc_decode": lambda a, k: len(_arg(a, k, 0, "seq_lens")),
     "alloc_extend_swa_tail": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
-    "mamba_alloc": lambda a, k: _arg(a, k, 0, "need_size"),  # state slots
+    MAMBA_ALLOC: lambda a, k: _arg(a, k, 0, "need_size"),  # state slots
 }
-MAMBA_ALLOC = "mamba_alloc"  # MambaSlotAllocator.alloc: its own hook
 
 
 def alloc_op(cls: str, method: str) -> str:

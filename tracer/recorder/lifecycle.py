@@ -366,11 +366,10 @@ class Recorder:
         if self.paused and self._skip():
             return
         evictable = 0
-        if not ok and self.scheduler is not None:
-            read = (self.readers or self.pool_readers()).mamba_evictable
+        if not ok and self.scheduler is not None:  # rare: no need for the hot path's shortcut
+            read = self.pool_readers().mamba_evictable
             evictable = read() if read is not None else 0
         self._queue((build, self.now(), op, requested, free_slots, evictable, ok))
-
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)

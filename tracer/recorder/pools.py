@@ -1,8 +1,8 @@
 """Free, evictable and protected counts of every pool the scheduler reads.
 
 Full, SWA and mamba pools alike: read on the scheduler thread at pass entry
-(``PoolReaders.counts``, ints only, a handful of method calls bound at attach) and turned into a
-``KvSnapshot`` on the writer thread (``kv_row``). ``pool_layout`` is the
+(``PoolReaders.counts``, ints only, a handful of bound method calls) and
+turned into a ``KvSnapshot`` on the writer thread (``kv_row``). ``pool_layout`` is the
 header's fixed part: the pool classes and the sizes the hybrid budgets read.
 
 The counts are the ones sglang 0.5.23's admission reads: ``PrefillBudget``
@@ -21,9 +21,9 @@ from schedtrace.tracer.contract.schema import KvSnapshot, PoolLayout
 
 
 class PoolReaders:
-    """The bound count readers of one scheduler's pools, resolved once (``Recorder.attach``):
-    a scheduler keeps its pools for its lifetime, and resolving a reader costs a getattr
-    per count, which a pass should not pay."""
+    """The bound count readers of one scheduler's pools, resolved once (at the recorder's
+    first read, ``Recorder.pool_readers``): a scheduler keeps its pools for its lifetime,
+    and resolving a reader costs a getattr per count, which a pass should not pay."""
 
     __slots__ = ("counts", "evictable", "mamba_evictable")
 
@@ -35,18 +35,14 @@ class PoolReaders:
         # The evictable count ``PrefillBudget`` reads: the full pool's under a mamba tree.
         self.evictable: Callable[[], int] = (
             tree_cache.full_evictable_size if tree_cache.supports_mamba() else tree_cache.evictable_size)
-        self.mamba_evictable: Callable[[], int] | None = (
-            None if mamba_allocator is None else _reader(tree_cache, "mamba_evictable_size", None))
+        self.mamba_evictable: Callable[[], int] | None = None  # KvSnapshot.mamba_evictable's reader
         if not swa and mamba_allocator is None:
             available, evictable = allocator.available_size, self.evictable
             self.counts: Callable[[], tuple] = lambda: (available(), evictable())  # a plain model: two calls
         else:
-            self.counts = _hybrid_counts(_hybrid_readers(allocator, tree_cache, mamba_allocator, swa))
-
-
-def kv_counts(scheduler: Any) -> tuple:
-    """Every pool's counts now, as ``KvSnapshot``'s field tuple (the recorder keeps its ``PoolReaders``)."""
-    return PoolReaders(scheduler).counts()
+            readers = _hybrid_readers(allocator, tree_cache, mamba_allocator, swa)
+            self.mamba_evictable = readers[KvSnapshot.__struct_fields__.index("mamba_evictable")]
+            self.counts = _hybrid_counts(readers)
 
 
 def _hybrid_readers(allocator: Any, tree_cache: Any, mamba_allocator: Any, swa: bool) -> tuple:

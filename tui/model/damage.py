@@ -65,8 +65,7 @@ def reader_gaps(reader: Reader) -> list[GapView]:
     if isinstance(reader, TraceReader):
         return gap_views(reader.gaps, reader.pass_offsets, Path(reader.path).name)
     out: list[GapView] = []
-    for part in reader.parts:
-        with TraceReader(part.path, skip_damaged=True) as own:
-            base = part.header.first_pass - reader.header.first_pass
-            out.extend(gap_views(own.gaps, own.pass_offsets, part.path.name, base))
+    for part, gaps, offsets in reader.part_gaps():
+        base = part.header.first_pass - reader.header.first_pass
+        out.extend(gap_views(gaps, offsets, part.path.name, base))
     return out
