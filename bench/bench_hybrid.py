@@ -55,7 +55,6 @@ MAMBA_SLOTS = 64  # a few dozen: 12 running, 27 cached sequences, the pass's adm
 KV_SIZE = 100_000  # full-pool tokens: the rig's state and the pass's 8192 with room to spare
 SWA_SIZE = 80_000  # the SWA side: 0.8 of the full pool, gpt-oss's ratio in the sandbox
 SLIDING_WINDOW = 128
-MAMBA_CHUNK = 64  # the mamba cache chunk size a dummy model cannot supply (sglang's test kit presets it)
 
 
 def server_args() -> ServerArgs:
@@ -75,48 +74,6 @@ def hybrid_header(family: str) -> Header:
                            server_args=args, max_req_slots=rig.header().max_req_slots)
 
 
-def hybrid_pools(family: str, size: int, slots: int) -> tuple[Any, Any, Any]:
-    """(req_to_token_pool, allocator, tree_cache) as sglang builds them for ``family``.
-    Call inside the driver's published config (the mamba tree reads the server args)."""
-    import torch
-    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool, ReqToTokenPool
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-    from sglang.srt.runtime_context import get_server_args
-
-    head = dict(dtype=torch.float32, page_size=1, head_num=rig.KV_HEADS, head_dim=rig.KV_HEAD_DIM, device="cpu")
-    if family == "mamba":
-        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-
-        get_server_args()._mamba_cache_chunk_size = MAMBA_CHUNK
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=2,
-                                        head_dim=16, state_size=8, conv_kernel=4)
-        req_pool = HybridReqToTokenPool(
-            size=slots, mamba_size=MAMBA_SLOTS, mamba_spec_state_size=slots, max_context_len=rig.CONTEXT_LEN,
-            device="cpu", enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
-            mamba_layer_ids=[0], enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
-        )
-        kv_pool = HybridLinearKVPool(size=size, full_attention_layer_ids=[1], mamba_pool=req_pool.mamba_pool,
-                                     enable_memory_saver=False, **head)
-        allocator = TokenToKVPoolAllocator(size, torch.float32, "cpu", kv_pool, need_sort=False)
-        components, window = (ComponentType.FULL, ComponentType.MAMBA), None
-    else:
-        req_pool = ReqToTokenPool(slots, rig.CONTEXT_LEN, "cpu", enable_memory_saver=False)
-        kv_pool = SWAKVPool(size=size, size_swa=SWA_SIZE, swa_attention_layer_ids=[0],
-                            full_attention_layer_ids=[1], **head)
-        allocator = SWATokenToKVPoolAllocator(size, SWA_SIZE, 1, torch.float32, "cpu", kv_pool, need_sort=False)
-        components, window = (ComponentType.FULL, ComponentType.SWA), SLIDING_WINDOW
-    tree = UnifiedRadixCache(CacheInitParams(
-        disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
-        sliding_window_size=window, tree_components=components,
-    ))
-    return req_pool, allocator, tree
-
-
 class HybridPools(rig.RealPools):
     """``RealPools``' state (three cached prompts, finished requests in the
     tree, 12 running on the first prompt, 32 waiting, every other one on a
@@ -128,8 +85,9 @@ class HybridPools(rig.RealPools):
         args = server_args()
         self.family = family
         with driver._config.installed():
-            self.req_to_token_pool, self.allocator, self.tree_cache = hybrid_pools(
-                family, args.max_total_tokens, rig.header().max_req_slots)
+            self.req_to_token_pool, self.allocator, self.tree_cache = rig.hybrid_pools(
+                family, kv_size=args.max_total_tokens, slots=rig.header().max_req_slots, swa_size=SWA_SIZE,
+                window=SLIDING_WINDOW, mamba_slots=MAMBA_SLOTS)
         self.mamba_allocator = getattr(self.req_to_token_pool, "mamba_allocator", None)
         self.policy = SchedulePolicy(
             args.schedule_policy, self.tree_cache, enable_hierarchical_cache=False,

@@ -34,52 +34,11 @@ from schedtrace.tracer.recorder.header import header_row  # noqa: E402
 from schedtrace.tracer.recorder.hooks import make_hooks  # noqa: E402
 from schedtrace.tracer.recorder.lifecycle import Recorder  # noqa: E402
 
-CONTEXT = 4096  # req_to_token row width
-MAMBA_CHUNK = 64  # the mamba cache chunk size a dummy model cannot supply (sglang's own test kit presets it)
-
-
 def real_pools(family: str, *, kv_size: int = 4000, swa_size: int = 2000, window: int = 64,
                slots: int = 8, mamba_slots: int = 10):
-    """(req_to_token_pool, allocator, tree_cache) as sglang builds them for ``family``: one
-    full-attention layer and one linear-attention (mamba) or sliding-window layer."""
-    import torch
-    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool, ReqToTokenPool
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
-    if family == "mamba":
-        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=2,
-                                        head_dim=16, state_size=8, conv_kernel=4)
-        req_pool = HybridReqToTokenPool(
-            size=slots, mamba_size=mamba_slots, mamba_spec_state_size=slots, max_context_len=CONTEXT,
-            device="cpu", enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
-            mamba_layer_ids=[0], enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
-        )
-        kv_pool = HybridLinearKVPool(
-            size=kv_size, dtype=torch.float32, page_size=1, head_num=1, head_dim=8,
-            full_attention_layer_ids=[1], device="cpu", mamba_pool=req_pool.mamba_pool, enable_memory_saver=False,
-        )
-        allocator = TokenToKVPoolAllocator(kv_size, torch.float32, "cpu", kv_pool, need_sort=False)
-        components, window = (ComponentType.FULL, ComponentType.MAMBA), None
-    else:
-        req_pool = ReqToTokenPool(slots, CONTEXT, "cpu", enable_memory_saver=False)
-        kv_pool = SWAKVPool(
-            size=kv_size, size_swa=swa_size, page_size=1, dtype=torch.float32, head_num=1, head_dim=8,
-            swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
-        )
-        allocator = SWATokenToKVPoolAllocator(kv_size, swa_size, 1, torch.float32, "cpu", kv_pool, need_sort=False)
-        components = (ComponentType.FULL, ComponentType.SWA)
-    tree = UnifiedRadixCache(CacheInitParams(
-        disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
-        sliding_window_size=window, tree_components=components,
-    ))
-    return req_pool, allocator, tree
+    """(req_to_token_pool, allocator, tree_cache) as sglang builds them for ``family``, at these tests' sizes."""
+    return rig.hybrid_pools(family, kv_size=kv_size, slots=slots, swa_size=swa_size, window=window,
+                            mamba_slots=mamba_slots)
 
 
 def replay_header(family: str, chunk: int = 1024) -> Header:
@@ -106,7 +65,6 @@ class HybridRig:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import SchedulePolicy
         from sglang.srt.managers.scheduler import Scheduler
-        from sglang.srt.runtime_context import get_server_args
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.family, self.out = family, out
@@ -115,7 +73,6 @@ class HybridRig:
         rig.prepare_scheduler(self.driver)
         s = self.scheduler = self.driver.scheduler
         with self.driver._config.installed():
-            get_server_args()._mamba_cache_chunk_size = MAMBA_CHUNK
             self.req_pool, self.allocator, self.tree = real_pools(family, **sizes)
         policy = SchedulePolicy("fcfs", self.tree, enable_hierarchical_cache=False,
                                 enable_priority_scheduling=False, schedule_low_priority_values_first=False)

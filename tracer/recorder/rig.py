@@ -6,6 +6,8 @@
 * ``header``, ``loaded_pass``, ``load``: a pass record (32 waiting, 12
   running) loaded into real sglang state by a pass driver (replay's
   ``PassDriver``, passed in: the recorder does not import the replayer);
+* ``hybrid_pools``: sglang's pools for a mamba or a sliding-window model, at
+  the rig's sizes of a layer;
 * ``RealPools``: the pass as close to a live CPU server's as a rig can get.
   A real ``ReqToTokenPool``, a real (one layer, one head) CPU
   ``MHATokenToKVPool`` of the server's ``max_total_tokens``, the real
@@ -193,6 +195,54 @@ def _req(rid: str, tokens: array, max_new: int, order: int) -> Any:
     req = Req(rid, "", tokens, SamplingParams(max_new_tokens=max_new, ignore_eos=True))
     req.time_stats.wait_queue_entry_time = float(order)  # FCFS order
     return req
+
+
+MAMBA_CHUNK = 64  # the mamba cache chunk size a dummy model cannot supply (sglang's own test kit presets it)
+
+
+def hybrid_pools(family: str, *, kv_size: int, slots: int, swa_size: int = 0, window: int | None = None,
+                 mamba_slots: int = 0) -> tuple[Any, Any, Any]:
+    """(req_to_token_pool, allocator, tree_cache) as sglang builds them for ``family``
+    ("mamba" or "swa"): one full-attention layer and one linear-attention (mamba) or
+    sliding-window layer, at the rig's head shape. Call inside a pass driver's published
+    config: the mamba tree reads the server args."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool, ReqToTokenPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.runtime_context import get_server_args
+
+    head = dict(dtype=torch.float32, page_size=1, head_num=KV_HEADS, head_dim=KV_HEAD_DIM, device="cpu")
+    if family == "mamba":
+        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+        get_server_args()._mamba_cache_chunk_size = MAMBA_CHUNK
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=2,
+                                        head_dim=16, state_size=8, conv_kernel=4)
+        req_pool = HybridReqToTokenPool(
+            size=slots, mamba_size=mamba_slots, mamba_spec_state_size=slots, max_context_len=CONTEXT_LEN,
+            device="cpu", enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
+            mamba_layer_ids=[0], enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
+        )
+        kv_pool = HybridLinearKVPool(size=kv_size, full_attention_layer_ids=[1], mamba_pool=req_pool.mamba_pool,
+                                     enable_memory_saver=False, **head)
+        allocator = TokenToKVPoolAllocator(kv_size, torch.float32, "cpu", kv_pool, need_sort=False)
+        components, window = (ComponentType.FULL, ComponentType.MAMBA), None
+    else:
+        req_pool = ReqToTokenPool(slots, CONTEXT_LEN, "cpu", enable_memory_saver=False)
+        kv_pool = SWAKVPool(size=kv_size, size_swa=swa_size, swa_attention_layer_ids=[0],
+                            full_attention_layer_ids=[1], **head)
+        allocator = SWATokenToKVPoolAllocator(kv_size, swa_size, 1, torch.float32, "cpu", kv_pool, need_sort=False)
+        components = (ComponentType.FULL, ComponentType.SWA)
+    tree = UnifiedRadixCache(CacheInitParams(
+        disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
+        sliding_window_size=window, tree_components=components,
+    ))
+    return req_pool, allocator, tree
 
 
 class RealPools:
