@@ -112,12 +112,12 @@ def test_the_recorder_writes_the_hybrid_counts_it_read(family, request, tmp_path
     (p,) = [r for r in records if isinstance(r, Pass)]
     assert p.kv == entry and len(p.admitted) == 8
     ops = [a.op for a in records if isinstance(a, Alloc)]
-    # The 4 on a cached prompt copy its state into a slot of their own at the match, one
-    # record each; binding the 8 rows is one record for the other 4 slots; then the KV.
-    assert ops == (["mamba_alloc"] * 5 + ["alloc"] if family == "mamba" else ["alloc"])
-    mamba = [(a.requested, a.available) for a in records if isinstance(a, Alloc) and a.op == "mamba_alloc"]
-    assert mamba == ([(1, entry.mamba_available - k) for k in range(4)] + [(4, entry.mamba_available - 4)]
-                     if family == "mamba" else [])
+    # The pass's state slots are one record, at its first: the 4 on a cached prompt copy
+    # their state into a slot of their own at the match, binding the 8 rows takes the other
+    # 4; then the KV. ``available``: free before the first.
+    assert ops == (["mamba_alloc", "alloc"] if family == "mamba" else ["alloc"])
+    mamba = [(a.requested, a.available, a.ok) for a in records if isinstance(a, Alloc) and a.op == "mamba_alloc"]
+    assert mamba == ([(8, entry.mamba_available, True)] if family == "mamba" else [])
 
 
 def test_the_cached_count_readers_follow_the_pools_read(mamba, swa) -> None:

@@ -183,6 +183,8 @@ def test_kv_counts_read_every_pool_of_a_real_mamba_scheduler(mamba_rig: HybridRi
         available=4000 - 300, evictable=200, mamba_available=10 - 2, mamba_evictable=1,
         protected=100, mamba_protected=1,
     )
+    # The tree's counts are read from its core, which its own count methods call.
+    assert pools.PoolReaders(mamba_rig.scheduler).evictable.__self__ is mamba_rig.tree.tree_core
 
 
 def test_kv_counts_read_both_sides_of_a_real_swa_allocator(swa_rig: HybridRig) -> None:
@@ -219,6 +221,38 @@ def test_header_records_the_real_pool_layout(mamba_rig: HybridRig, swa_rig: Hybr
     )
 
 
+# --- the lock probe on the unified tree -----------------------------------------------
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+@pytest.mark.parametrize("family", ["mamba", "swa"])
+def test_the_lock_probe_keeps_what_a_unified_tree_pin_took_from_the_evictable_count(
+        family, core, tmp_path: Path, monkeypatch) -> None:
+    """The probe's drop (``IncLockRefResult.delta``) against the evictable count replay
+    budgets with, read around a real pin, on either tree core sglang can build."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from schedtrace.tracer.recorder.lock_probe import LockProbe
+
+    monkeypatch.setenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", core)
+    rig_ = HybridRig(family, tmp_path)
+    assert ("Rust" in type(rig_.tree.tree_core).__name__) == (core == "rust")
+    _insert(rig_, 100, 200, lock=True)  # a running request pins the shared 200 tokens
+    _insert(rig_, 100, 300)
+    evictable = pools.PoolReaders(rig_.scheduler).evictable
+    node = rig_.tree.match_prefix(MatchPrefixParams(key=RadixKey(prompt(100, 300)))).last_device_node
+    probe, original = LockProbe(), UnifiedRadixCache.inc_lock_ref
+    drops = []
+    for _ in range(2):  # the first pin, then one on the now pinned prefix
+        before = evictable()
+        probe.armed = True
+        probe.hook(original, rig_.tree, node)
+        drops.append((probe.drop, before - evictable()))
+    assert drops == [(100, 100), (0, 0)] and probe.error is None
+
+
 # --- real passes under the recorder ---------------------------------------------------
 
 
@@ -237,10 +271,10 @@ def test_real_mamba_passes_record_every_pool_and_each_state_slot(mamba_rig: Hybr
     assert [p.kv.mamba_protected for p in passes] == [0, 1, 2]
     mamba_allocs = [a for a in records if isinstance(a, Alloc) and a.op == "mamba_alloc"]
     assert [(a.pass_seq, a.requested, a.available, a.ok) for a in mamba_allocs] == [
-        (0, 2, 10, True),  # w0 and w1 bind their rows: one record for the batch's two slots
-        (0, 1, 8, True),  # the stash after pass 0 (no pass of its own: it follows pass 0's record)
-        (1, 1, 7, True), (1, 1, 6, True),  # w2; the stash
-        (2, 1, 5, True),  # w3
+        (0, 2, 10, True),  # pass 0's slots, one record: w0 and w1 bind their rows
+        (0, 1, 8, True),  # the stash after pass 0 (outside a pass: it follows pass 0's record)
+        (1, 1, 7, True), (1, 1, 6, True),  # pass 1: w2; the stash
+        (2, 1, 5, True),  # pass 2: w3
     ]
 
 

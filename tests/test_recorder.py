@@ -297,7 +297,7 @@ def test_capture_keeps_entry_values_and_folds_by_identity(tmp_path: Path) -> Non
 # --- the lock probe: what pinning a candidate's prefix takes from evictable ----
 
 
-def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> None:
+def test_lock_probe_keeps_only_the_unpinned_part_of_a_real_radix_tree() -> None:
     import torch
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
@@ -316,25 +316,24 @@ def test_lock_probe_measures_only_the_unpinned_part_of_a_real_radix_tree() -> No
     assert cache.evictable_size() == 40
 
     probe = LockProbe()
-    probe.evictable = cache.evictable_size  # the recorder binds its scheduler's reader (PoolReaders)
-    original = type(cache).lock
+    original = RadixCache.inc_lock_ref
 
-    def lock(node):  # what HookRegistry's AROUND wrapper of RadixCache.lock calls
-        return probe.hook(original, cache, node)
+    def lock(node):  # RadixCache.lock through HookRegistry's AROUND wrapper of inc_lock_ref
+        return probe.hook(original, cache, node).to_dec_params()
 
-    probe.arm()
+    probe.armed = True
     pin = lock(candidate.last_device_node)
-    kept = lock(candidate.last_device_node)  # the commit lock: moves nothing more
-    assert probe.disarm() == 40 and probe.error is None  # not 100: 60 were already pinned
-    probe.arm()  # the next candidate: a lock on the same, now pinned, prefix drops nothing
+    assert not probe.armed  # the first pin disarms it: the commit's second pin is not measured
+    kept = lock(candidate.last_device_node)
+    assert probe.drop == 40 and probe.error is None  # not 100: 60 were already pinned
+    assert cache.evictable_size() == 0
+    probe.armed = True  # the next candidate: a pin on the same, now pinned, prefix drops nothing
     again = lock(candidate.last_device_node)
-    assert probe.disarm() == 0
-    unarmed = lock(candidate.last_device_node)  # outside arm/disarm: not measured
     assert probe.drop == 0
-    for held in (again, unarmed):
-        cache.unlock(held)
-    cache.unlock(pin)
-    cache.unlock(kept)
+    unarmed = lock(candidate.last_device_node)  # unarmed: not measured
+    assert probe.drop == 0
+    for receipt in (again, unarmed, pin, kept):
+        cache.dec_lock_ref(candidate.last_device_node, receipt)
     assert cache.evictable_size() == 40
 
 
@@ -356,9 +355,13 @@ def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measur
         p = reader.pass_at(0)
     rec = Recorder(tmp_path)
     rec.start(WriterThread(tmp_path, "probe", lambda part, first: header(), clock_ns=rec.now, flush_interval_s=3600))
-    # BasePrefixCache.lock (LOCK_TARGETS[0]): replay's tree-cache stand-in inherits it.
-    points = HookPoints((ADD_ONE_REQ_TARGET, PASS_TARGET, LOCK_TARGETS[0]))
-    with points.hooked(points.wrapped(dict(make_hooks(rec)))):
+    # Replay's tree-cache stand-in has its own inc_lock_ref (with RadixCache's sign):
+    # the probe's hook on it, as on the real trees' (LOCK_TARGETS).
+    stand_in = "schedtrace.replay.state.RecordedTreeCache.inc_lock_ref"
+    hooks = {**dict(make_hooks(rec)), stand_in: rec.lock_probe.hook}
+    assert hooks[LOCK_TARGETS[0]] == rec.lock_probe.hook
+    points = HookPoints((ADD_ONE_REQ_TARGET, PASS_TARGET, stand_in))
+    with points.hooked(points.wrapped(hooks)):
         decision = driver.decide(p, "stock")
     rec.close()
     assert rec.hook_errors == {}

@@ -44,7 +44,7 @@ class PassCapture(Deferred):
         "chunked", "chunked_prefix", "chunked_out", "batch_is_full_in",
         "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
         "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
-        "in_chunk", "budget", "events",
+        "in_chunk", "budget", "events", "slots",
     )
 
     def __init__(self, scheduler: Any, running_batch: Any, t_ns: int, readers: pools.PoolReaders) -> None:
@@ -53,10 +53,13 @@ class PassCapture(Deferred):
         self.dur_ns = 0
         self.repeat = 1
         self.idle_before = 0
+        # Comprehensions written out, not ``map(attrgetter(...))`` or a helper: on these
+        # many-attribute objects the interpreter's specialised attribute reads are about
+        # 1.5x faster, and a helper is one more call per list.
         waiting = list(scheduler.waiting_queue)
         self.waiting = waiting
-        self.waiting_prefix = prefix_lens(waiting)
-        self.waiting_out = output_lens(waiting)
+        self.waiting_prefix = [req.prefix_len for req in waiting]
+        self.waiting_out = [len(req.output_ids) for req in waiting]
         if running_batch is not None:
             running = list(running_batch.reqs)
             self.batch_is_full_in = bool(running_batch.batch_is_full)
@@ -64,18 +67,19 @@ class PassCapture(Deferred):
             running = []
             self.batch_is_full_in = False
         self.running = running
-        self.running_out = output_lens(running)
+        self.running_out = [len(req.output_ids) for req in running]
         chunked = scheduler.chunked_req
         self.chunked = chunked
         if chunked is not None:
             self.chunked_prefix = chunked.prefix_len
             self.chunked_out = len(chunked.output_ids)
+            self.chunked_prefill_size = effective_chunk_size(scheduler)
         else:
             self.chunked_prefix = self.chunked_out = 0
+            self.chunked_prefill_size = scheduler.chunked_prefill_size  # the sizer sizes only a chunk
         self.kv = readers.counts()
         self.req_slots_free = scheduler.req_to_token_pool.available_size()
         self.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
-        self.chunked_prefill_size = effective_chunk_size(scheduler)
         # (req, prefix_len, extend_len, AddReqResult, locked_evictable) per add_one_req call
         self.candidates: list[tuple] = []
         # (req, prefix_len, extend_len) per admitted request, the continuing chunk first
@@ -87,17 +91,9 @@ class PassCapture(Deferred):
         self.in_chunk = False  # inside add_chunked_req: the budget hook keeps its result
         self.budget: int | None = None
         self.events: list[Record] = []  # emitted during the pass: written after it
+        self.slots: SlotTally | None = None  # the pass's mamba state slots, from its first (in events)
 
     # --- while the pass runs ---
-
-    def add_candidate(self, req: Any, prefix_len: int, result: Any, locked: int | None, admitted: bool) -> None:
-        """One ``add_one_req`` call: ``prefix_len`` as it was before the call."""
-        if admitted:
-            row = (req, req.prefix_len, req.extend_len)
-            self.admitted.append(row)
-            self.candidates.append((*row, result, locked))
-        else:
-            self.candidates.append((req, prefix_len, 0, result, locked))
 
     def add_chunk(self, req: Any, ran: bool) -> None:
         """The ``add_chunked_req`` call: what the budget offered the continuing chunk and what ran."""
@@ -152,16 +148,26 @@ class PassCapture(Deferred):
         return [Admitted(req.rid, prefix_len, extend_len) for req, prefix_len, extend_len in self.admitted]
 
 
-# Comprehensions, not ``map(attrgetter(...))``: on these many-attribute
-# objects the interpreter's specialised attribute reads are about 1.5x faster.
+class SlotTally(Deferred):
+    """Mamba state-slot allocations written as one ``mamba_alloc``: every slot of a pass,
+    or of a request-row binding outside one (``HybridReqToTokenPool.alloc``), or one call.
 
+    ``free_slots`` is the free list before the first (``rows.mamba_alloc_row`` takes its
+    length); ``granted`` is False from the first refused slot on, and ``evictable`` is
+    the tree's evictable state slots read then (0 while every slot was granted).
+    """
 
-def prefix_lens(reqs: list) -> list[int]:
-    return [req.prefix_len for req in reqs]
+    __slots__ = ("t_ns", "asked", "free_slots", "granted", "evictable")
 
+    def __init__(self, t_ns: int, free_slots: Any) -> None:
+        self.t_ns = t_ns
+        self.asked = 0
+        self.free_slots = free_slots
+        self.granted = True
+        self.evictable = 0
 
-def output_lens(reqs: list) -> list[int]:
-    return [len(req.output_ids) for req in reqs]
+    def build(self) -> Record:
+        return rows.mamba_alloc_row(self.t_ns, self.asked, self.free_slots, self.evictable, self.granted)
 
 
 def effective_chunk_size(scheduler: Any) -> int | None:

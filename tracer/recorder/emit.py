@@ -53,14 +53,9 @@ class Emitter:
         if writer is not None:
             writer.submit(record)
 
-    def emit_all(self, records: list) -> None:
-        """``emit`` each of ``records`` in order (a pass's events): one flush, one queue check."""
-        writer = self.flush()
-        if writer is not None:
-            writer.submit_all(records)
-
-    def emit_pass(self, record: Pass | PassCapture, foldable: bool, key: tuple | None) -> None:
-        """Write a pass, or hold a foldable (rejected) one to fold its repeats into.
+    def emit_pass(self, record: Pass | PassCapture, foldable: bool, key: tuple | None, events: list = ()) -> None:
+        """Write a pass and then ``events`` (what the pass raised), or hold a foldable
+        (rejected, so event-free) one to fold its repeats into.
 
         A held capture's ``repeat`` and ``dur_ns`` grow; it is built once, when written.
         """
@@ -85,6 +80,8 @@ class Emitter:
         if foldable:
             self._held = record
             self._held_key = key
+        elif events:
+            writer.submit_all([record, *events])  # one room check for the pass and its events
         else:
             writer.submit(record)
 

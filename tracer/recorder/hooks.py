@@ -8,8 +8,8 @@ The hooks run on sglang's scheduler thread, the pass hook on every pass:
 * ``PrefillAdder.add_one_req`` / ``add_chunked_req`` and the budgets'
   ``available_chunk_tokens``: each candidate and the continuing chunk, into
   the running capture. While a candidate with a prefix match is added,
-  ``LockProbe`` (a hook on the tree caches' ``lock``) measures what pinning
-  that prefix took from the evictable count (``Candidate.locked_evictable``);
+  ``LockProbe`` (a hook on the tree caches' ``inc_lock_ref``) keeps what
+  pinning that prefix took from the evictable count (``Candidate.locked_evictable``);
 * the KV allocators: one ``Alloc`` per outermost allocation; the mamba
   state slots one per ``MambaSlotAllocator.alloc``, except that binding a
   batch's request rows (``HybridReqToTokenPool.alloc``) is one for its slots;
@@ -29,9 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 from schedtrace.tracer.contract.schema import Aiter
-from schedtrace.tracer.recorder import rows
+from schedtrace.tracer.recorder.capture import SlotTally
 from schedtrace.tracer.recorder.lifecycle import Recorder
 from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
+from schedtrace.tracer.recorder.rows import MAMBA_ALLOC
 
 logger = logging.getLogger(__name__)
 
@@ -76,19 +77,21 @@ PASS_TARGETS: tuple[str, ...] = (
 )
 
 
-def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
-    return kwargs[name] if name in kwargs else args[index]
+def _arg(index: int, name: str) -> Callable[[tuple, dict], Any]:
+    """The reader of one call argument, passed by position or by name (one frame per read)."""
+    return lambda args, kwargs: args[index] if len(args) > index else kwargs[name]
 
 
-MAMBA_ALLOC = "mamba_alloc"  # MambaSlotAllocator.alloc: its own hook
+_extend_num_tokens = _arg(5, "extend_num_tokens")
+_seq_lens = _arg(0, "seq_lens")
 
-# How many tokens (or requests, for decode) each allocator method is asked for.
+# How many tokens (or requests, for decode) each KV allocator method is asked for.
+# (``MambaSlotAllocator.alloc``'s state slots: its hook reads ``need_size`` itself.)
 ALLOC_REQUESTED: dict[str, Callable[[tuple, dict], int]] = {
-    "alloc": lambda a, k: _arg(a, k, 0, "need_size"),
-    "alloc_extend": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
-    "alloc_decode": lambda a, k: len(_arg(a, k, 0, "seq_lens")),
-    "alloc_extend_swa_tail": lambda a, k: _arg(a, k, 5, "extend_num_tokens"),
-    MAMBA_ALLOC: lambda a, k: _arg(a, k, 0, "need_size"),  # state slots
+    "alloc": _arg(0, "need_size"),
+    "alloc_extend": _extend_num_tokens,
+    "alloc_decode": lambda a, k: len(_seq_lens(a, k)),
+    "alloc_extend_swa_tail": _extend_num_tokens,
 }
 
 
@@ -103,7 +106,6 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
     emitter = rec.emitter
     probe = rec.lock_probe
     on_alloc = rec.on_alloc
-    on_mamba_alloc = rec.on_mamba_alloc
     in_alloc = False  # inside an allocator hook: composite allocators call their sub-allocators
 
     def pass_hook(original, scheduler, *args, **kwargs):
@@ -145,17 +147,29 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
             # An empty match pins the root, which is never evictable: nothing to measure.
             if prefix_len:
-                probe.arm()
+                probe.drop = None
+                probe.armed = True
         except Exception as exc:
-            probe.disarm()
+            probe.armed = False
             hook_failed("add_one_req", exc)
             return original(adder, req, *args, **kwargs)
         try:
             result = original(adder, req, *args, **kwargs)
         finally:
-            locked = probe.disarm() if prefix_len else 0
+            if prefix_len:
+                probe.armed = False
+                locked = probe.drop
+            else:
+                locked = 0
         try:
-            cap.add_candidate(req, prefix_len, result, locked, len(run_list) > before and run_list[-1] is req)
+            # The capture's rows, written out here (a method call per candidate costs the pass):
+            # admitted, with prefix and extend as the adder left them; else the prefix before.
+            if len(run_list) > before and run_list[-1] is req:
+                row = (req, req.prefix_len, req.extend_len)
+                cap.admitted.append(row)
+                cap.candidates.append((*row, result, locked))
+            else:
+                cap.candidates.append((req, prefix_len, 0, result, locked))
             if probe.error is not None:
                 error, probe.error = probe.error, None
                 hook_failed("lock_probe", error)
@@ -196,7 +210,6 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         if op == MAMBA_ALLOC:
             return mamba_alloc_hook
         requested_of = ALLOC_REQUESTED[op]
-        build = rows.alloc_row
 
         def alloc_hook(original, allocator, *args, **kwargs):
             nonlocal in_alloc
@@ -214,66 +227,63 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             finally:
                 in_alloc = False
             try:
-                on_alloc(build, op, requested, available, result is not None)
+                on_alloc(op, requested, available, result is not None)
             except Exception as exc:
                 hook_failed(op, exc)
             return result
 
         return alloc_hook
 
-    mamba_row = rows.mamba_alloc_row
-    mamba_requested = ALLOC_REQUESTED[MAMBA_ALLOC]
-    rows_call: list | None = None  # inside HybridReqToTokenPool.alloc: [state slots asked, all granted]
+    open_slots, close_slots, slot_refused = rec.open_slots, rec.close_slots, rec.slot_refused
+    rows_tally: SlotTally | None = None  # a request-row binding outside a pass: its slots' tally
 
     def mamba_alloc_hook(original, allocator, *args, **kwargs):
-        # For ``available_size()`` (``len(free_slots)``) this keeps the free list the call
-        # starts from, whose length the writer thread takes (rows.mamba_alloc_row says why
-        # that is the same count). ``MambaSlotAllocator.alloc`` calls no other allocator.
+        # Each state slot is counted into a tally (capture.SlotTally), one record for many:
+        # the pass's, opened at its first slot; outside a pass a row binding's, else the
+        # call's own. ``MambaSlotAllocator.alloc`` calls no other allocator.
         if in_alloc:
             return original(allocator, *args, **kwargs)
-        call = rows_call
-        if call is not None:  # a slot of a request-row binding: counted into that call's record
-            result = original(allocator, *args, **kwargs)
-            try:
-                call[0] += mamba_requested(args, kwargs)
-                if result is None:
-                    call[1] = False
-            except Exception as exc:
-                hook_failed(MAMBA_ALLOC, exc)
-            return result
+        cap = rec.capture
+        tally = rows_tally or (cap.slots if cap is not None else None)
+        alone = False
         try:
-            requested = mamba_requested(args, kwargs)
-            free_slots = allocator.free_slots
+            if tally is None:
+                alone = cap is None
+                tally = open_slots(allocator.free_slots)
+            # ``alloc(need_size)``, read inline: a pass asks for a slot per request.
+            tally.asked += args[0] if args else kwargs["need_size"]
         except Exception as exc:
             hook_failed(MAMBA_ALLOC, exc)
             return original(allocator, *args, **kwargs)
         result = original(allocator, *args, **kwargs)
-        try:
-            on_mamba_alloc(mamba_row, MAMBA_ALLOC, requested, free_slots, result is not None)
-        except Exception as exc:
-            hook_failed(MAMBA_ALLOC, exc)
+        if result is None or alone:
+            try:
+                if result is None:
+                    slot_refused(tally)
+                if alone:
+                    close_slots(tally)
+            except Exception as exc:
+                hook_failed(MAMBA_ALLOC, exc)
         return result
 
     def mamba_rows_hook(original, req_pool, *args, **kwargs):
-        # A state slot per new request of the batch, one at a time: written as one record
-        # (the slots asked, the free count before, whether every one was granted), so an
-        # admitting pass pays for one record, not one per request.
-        nonlocal rows_call
-        if in_alloc or rows_call is not None:
+        # A state slot per new request of the batch, one call each. In a pass they go into
+        # the pass's tally; outside one, the binding is one record of its own.
+        nonlocal rows_tally
+        if in_alloc or rows_tally is not None or rec.capture is not None:
             return original(req_pool, *args, **kwargs)
         try:
-            free_slots = req_pool.mamba_allocator.free_slots
+            tally = rows_tally = open_slots(req_pool.mamba_allocator.free_slots)
         except Exception as exc:
             hook_failed(MAMBA_ALLOC, exc)
             return original(req_pool, *args, **kwargs)
-        call = rows_call = [0, True]
         try:
             return original(req_pool, *args, **kwargs)  # "Not enough space for mamba cache" raises here
         finally:
-            rows_call = None
-            if call[0]:
+            rows_tally = None
+            if tally.asked:
                 try:
-                    on_mamba_alloc(mamba_row, MAMBA_ALLOC, call[0], free_slots, call[1])
+                    close_slots(tally)
                 except Exception as exc:
                     hook_failed(MAMBA_ALLOC, exc)
 

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from schedtrace.tracer.contract.names import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, LOSS_PAUSED, error_text
-from schedtrace.tracer.contract.schema import Abort, Aiter, Alloc, Arrival, Finish, HookError, Loss, Record, Retract
+from schedtrace.tracer.contract.schema import Abort, Aiter, Arrival, Finish, HookError, Loss, Record, Retract
 from schedtrace.tracer.recorder import pools
-from schedtrace.tracer.recorder.capture import PassCapture, finish_reason
+from schedtrace.tracer.recorder.capture import PassCapture, SlotTally, finish_reason
 from schedtrace.tracer.recorder.control import ControlFile
 from schedtrace.tracer.recorder.emit import Emitter
 from schedtrace.tracer.recorder.header import header_row
@@ -51,6 +51,7 @@ from schedtrace.tracer.recorder.lock_probe import LockProbe
 from schedtrace.tracer.recorder.naming import trace_stem
 from schedtrace.tracer.recorder.policy import WriterPolicy
 from schedtrace.tracer.recorder.ranks import read_ranks
+from schedtrace.tracer.recorder.rows import alloc_row
 from schedtrace.tracer.recorder.writer_thread import Sink, WriterThread
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,6 @@ class Recorder:
         readers = self.readers
         if readers is None:
             readers = self.readers = pools.PoolReaders(self.scheduler)
-            self.lock_probe.evictable = readers.evictable
         return readers
 
     def start(self, writer: WriterThread | None = None) -> WriterThread | None:
@@ -313,10 +313,7 @@ class Recorder:
             return
         self.capture = None
         foldable = cap.close(scheduler, result, error, self.now())
-        emitter = self.emitter
-        emitter.emit_pass(cap, foldable, cap.fold_key() if foldable else None)
-        if cap.events:
-            emitter.emit_all(cap.events)
+        self.emitter.emit_pass(cap, foldable, cap.fold_key() if foldable else None, cap.events)
 
     def abandon_pass(self) -> None:
         """The capture failed: the pass runs unrecorded and its events go out on their own."""
@@ -350,26 +347,42 @@ class Recorder:
     def on_abort(self, rid: str) -> None:
         self.emit(Abort(self.now(), rid))
 
-    def on_alloc(self, build: Callable[..., Alloc], op: str, requested: Any, available: Any, ok: bool) -> None:
-        """One outermost allocation, several per admitting pass: only the reads happen here.
-        The writer thread makes the ``Alloc``: ``build`` (rows.alloc_row or mamba_alloc_row)
-        of the time, these, and the evictable count, queued as one tuple."""
+    def on_alloc(self, op: str, requested: Any, available: Any, ok: bool) -> None:
+        """One outermost KV allocation, one or more per admitting pass: only the reads happen
+        here. The writer thread makes the ``Alloc`` (``rows.alloc_row``) of the time, these,
+        and the evictable count, queued as one tuple."""
+        cap, readers = self.capture, self.readers
+        if cap is not None and readers is not None:  # in a recorded pass: _queue's rule, one call less
+            cap.events.append((alloc_row, self.now(), op, requested, available, readers.evictable(), ok))
+            return
         if self.paused and self._skip():
             return
-        evictable = (self.readers or self.pool_readers()).evictable() if self.scheduler is not None else 0
-        self._queue((build, self.now(), op, requested, available, evictable, ok))
+        evictable = (readers or self.pool_readers()).evictable() if self.scheduler is not None else 0
+        self._queue((alloc_row, self.now(), op, requested, available, evictable, ok))
 
-    def on_mamba_alloc(self, build: Callable[..., Alloc], op: str, requested: int, free_slots: Any, ok: bool) -> None:
-        """``on_alloc`` for mamba state slots, whose ``evictable`` is the tree's evictable
-        state slots, read only when the allocation failed (a refused slot is where eviction
-        matters, and a refused call changed nothing); 0 when it succeeded."""
+    def open_slots(self, free_slots: Any) -> SlotTally:
+        """A tally of mamba state slots from ``free_slots`` (the free list before the first):
+        in a recorded pass the pass's, queued with its events now and written after it;
+        outside one the caller's, to hand to ``close_slots`` when its slots are counted."""
+        tally = SlotTally(self.now(), free_slots)
+        cap = self.capture
+        if cap is not None:
+            cap.slots = tally
+            cap.events.append(tally)
+        return tally
+
+    def close_slots(self, tally: SlotTally) -> None:
         if self.paused and self._skip():
             return
-        evictable = 0
-        if not ok and self.scheduler is not None:  # rare: no need for the hot path's shortcut
-            read = self.pool_readers().mamba_evictable
-            evictable = read() if read is not None else 0
-        self._queue((build, self.now(), op, requested, free_slots, evictable, ok))
+        self._queue(tally)
+
+    def slot_refused(self, tally: SlotTally) -> None:
+        """A slot of ``tally`` was refused: from now on it is not all granted, and its
+        ``evictable`` is the tree's evictable state slots now (rare: read only here)."""
+        if tally.granted:
+            tally.granted = False
+            read = self.pool_readers().mamba_evictable if self.scheduler is not None else None
+            tally.evictable = read() if read is not None else 0
 
     def on_aiter(self, record: Aiter) -> None:
         self.emit(record)

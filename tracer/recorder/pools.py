@@ -33,8 +33,8 @@ class PoolReaders:
         mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
         swa = getattr(scheduler, "is_hybrid_swa", False)
         # The evictable count ``PrefillBudget`` reads: the full pool's under a mamba tree.
-        self.evictable: Callable[[], int] = (
-            tree_cache.full_evictable_size if tree_cache.supports_mamba() else tree_cache.evictable_size)
+        self.evictable: Callable[[], int] = _reader(
+            tree_cache, "full_evictable_size" if tree_cache.supports_mamba() else "evictable_size", None)
         self.mamba_evictable: Callable[[], int] | None = None  # KvSnapshot.mamba_evictable's reader
         if not swa and mamba_allocator is None:
             available, evictable = allocator.available_size, self.evictable
@@ -135,5 +135,24 @@ def _call(obj: Any, name: str, fallback: Any) -> Any:
 
 
 def _reader(obj: Any, name: str, fallback: Any) -> Any:
-    """``obj.name`` bound, else ``fallback`` (a reader, or None: the count is not there)."""
-    return getattr(obj, name, None) or fallback
+    """``obj.name`` bound, else ``fallback`` (a reader, or None: the count is not there).
+
+    On sglang's unified tree, whose count methods only hand the call to its ``tree_core``
+    (made once, with the tree; ``reset`` resets it in place), the core's own method: one
+    frame less per read, and the recorder reads up to five per pass. Not where a subclass
+    defines the count itself."""
+    method = getattr(obj, name, None)
+    if method is None:
+        return fallback
+    core = getattr(obj, "tree_core", None)
+    if core is not None and getattr(type(obj), name, None) is getattr(_unified_tree(), name, False):
+        return getattr(core, name, method)
+    return method
+
+
+def _unified_tree() -> type | None:
+    try:
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    except ImportError:  # an sglang without the unified tree
+        return None
+    return UnifiedRadixCache

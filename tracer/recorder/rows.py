@@ -44,14 +44,17 @@ def chunked_row(req: Any, prefix_len: int, output_len: int) -> ChunkedReq:
     )
 
 
+MAMBA_ALLOC = "mamba_alloc"  # ``Alloc.op`` of the mamba state slots (MambaSlotAllocator.alloc)
+
+
 def alloc_row(t_ns: int, op: str, requested: int, available: int, evictable: int, ok: bool) -> Alloc:
     """``Recorder.on_alloc``'s deferred call; ``pass_seq`` is numbered at write."""
     return Alloc(t_ns, -1, op, int(requested), int(available), int(evictable), ok)
 
 
-def mamba_alloc_row(t_ns: int, op: str, requested: int, free_slots: Any, evictable: int, ok: bool) -> Alloc:
-    """``alloc_row`` with ``MambaSlotAllocator.available_size()`` taken here: ``len`` of the
-    free list the call started from. sglang never resizes a free list in place (an
-    allocation rebinds ``free_slots`` to a slice, a free to a ``torch.cat``, ``clear`` to
-    a new ``arange``), so its length now is the count before the call."""
-    return alloc_row(t_ns, op, requested, len(free_slots), evictable, ok)
+def mamba_alloc_row(t_ns: int, requested: int, free_slots: Any, evictable: int, ok: bool) -> Alloc:
+    """``alloc_row`` of state slots (``capture.SlotTally``), with ``MambaSlotAllocator.available_size()``
+    taken here: ``len`` of the free list the first call started from. sglang never resizes a
+    free list in place (an allocation rebinds ``free_slots`` to a slice, a free to a
+    ``torch.cat``, ``clear`` to a new ``arange``), so its length now is the count then."""
+    return alloc_row(t_ns, MAMBA_ALLOC, requested, len(free_slots), evictable, ok)
