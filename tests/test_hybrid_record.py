@@ -253,6 +253,25 @@ def test_the_lock_probe_keeps_what_a_unified_tree_pin_took_from_the_evictable_co
     assert drops == [(100, 100), (0, 0)] and probe.error is None
 
 
+def test_an_swa_pin_records_what_it_took_from_both_evictable_counts(swa_rig: HybridRig) -> None:
+    """A candidate whose cached prefix a running request half pins: the full pin takes the
+    unpinned 30 tokens, and the SWA pin (the trailing 64-token window) only those 30 too,
+    where a trace without ``locked_swa_evictable`` leaves replay to assume the whole window.
+    Replayed, the pass matches."""
+    from schedtrace.replay.engine import replay_trace
+
+    _insert(swa_rig, 100, 300, lock=True)  # running: pins [0, 300), and on the SWA side [236, 300)
+    _insert(swa_rig, 100, 330)  # cached, unpinned: [300, 330)
+    swa_rig.queue("w0", prompt(100, 330) + prompt(7, 50))
+    path = swa_rig.record(1)
+    _, records = read(path)
+    (p,) = [r for r in records if isinstance(r, Pass)]
+    (c,) = p.candidates
+    assert (c.rid, c.prefix_len, c.locked_evictable, c.locked_swa_evictable) == ("w0", 330, 30, 30)
+    fid = replay_trace(path, "stock", "stock").fidelity
+    assert fid.matched == fid.total == 1
+
+
 # --- real passes under the recorder ---------------------------------------------------
 
 

@@ -80,7 +80,7 @@ class PassCapture(Deferred):
         self.kv = readers.counts()
         self.req_slots_free = scheduler.req_to_token_pool.available_size()
         self.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
-        # (req, prefix_len, extend_len, AddReqResult, locked_evictable) per add_one_req call
+        # (req, prefix_len, extend_len, AddReqResult, locked_evictable, locked_swa_evictable) per add_one_req call
         self.candidates: list[tuple] = []
         # (req, prefix_len, extend_len) per admitted request, the continuing chunk first
         self.admitted: list[tuple] = []
@@ -140,8 +140,8 @@ class PassCapture(Deferred):
 
     def _candidate_rows(self) -> list[Candidate]:
         return [
-            Candidate(req.rid, prefix_len, extend_len, getattr(result, "name", str(result)), locked)
-            for req, prefix_len, extend_len, result, locked in self.candidates
+            Candidate(req.rid, prefix_len, extend_len, getattr(result, "name", str(result)), locked, locked_swa)
+            for req, prefix_len, extend_len, result, locked, locked_swa in self.candidates
         ]
 
     def _admitted_rows(self) -> list[Admitted]:

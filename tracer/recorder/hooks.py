@@ -147,7 +147,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
             # An empty match pins the root, which is never evictable: nothing to measure.
             if prefix_len:
-                probe.drop = None
+                probe.drop = probe.swa_drop = None
                 probe.armed = True
         except Exception as exc:
             probe.armed = False
@@ -158,18 +158,18 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         finally:
             if prefix_len:
                 probe.armed = False
-                locked = probe.drop
+                locked, locked_swa = probe.drop, probe.swa_drop
             else:
-                locked = 0
+                locked, locked_swa = 0, None
         try:
             # The capture's rows, written out here (a method call per candidate costs the pass):
             # admitted, with prefix and extend as the adder left them; else the prefix before.
             if len(run_list) > before and run_list[-1] is req:
                 row = (req, req.prefix_len, req.extend_len)
                 cap.admitted.append(row)
-                cap.candidates.append((*row, result, locked))
+                cap.candidates.append((*row, result, locked, locked_swa))
             else:
-                cap.candidates.append((req, prefix_len, 0, result, locked))
+                cap.candidates.append((req, prefix_len, 0, result, locked, locked_swa))
             if probe.error is not None:
                 error, probe.error = probe.error, None
                 hook_failed("lock_probe", error)

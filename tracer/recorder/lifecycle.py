@@ -126,6 +126,7 @@ class Recorder:
         readers = self.readers
         if readers is None:
             readers = self.readers = pools.PoolReaders(self.scheduler)
+            self.lock_probe.swa_evictable = readers.swa_evictable
         return readers
 
     def start(self, writer: WriterThread | None = None) -> WriterThread | None:

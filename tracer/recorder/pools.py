@@ -25,7 +25,7 @@ class PoolReaders:
     first read, ``Recorder.pool_readers``): a scheduler keeps its pools for its lifetime,
     and resolving a reader costs a getattr per count, which a pass should not pay."""
 
-    __slots__ = ("counts", "evictable", "mamba_evictable")
+    __slots__ = ("counts", "evictable", "swa_evictable", "mamba_evictable")
 
     def __init__(self, scheduler: Any) -> None:
         allocator = scheduler.token_to_kv_pool_allocator
@@ -35,13 +35,16 @@ class PoolReaders:
         # The evictable count ``PrefillBudget`` reads: the full pool's under a mamba tree.
         self.evictable: Callable[[], int] = _reader(
             tree_cache, "full_evictable_size" if tree_cache.supports_mamba() else "evictable_size", None)
+        self.swa_evictable: Callable[[], int] | None = None  # KvSnapshot.swa_evictable's reader
         self.mamba_evictable: Callable[[], int] | None = None  # KvSnapshot.mamba_evictable's reader
         if not swa and mamba_allocator is None:
             available, evictable = allocator.available_size, self.evictable
             self.counts: Callable[[], tuple] = lambda: (available(), evictable())  # a plain model: two calls
         else:
             readers = _hybrid_readers(allocator, tree_cache, mamba_allocator, swa)
-            self.mamba_evictable = readers[KvSnapshot.__struct_fields__.index("mamba_evictable")]
+            fields = KvSnapshot.__struct_fields__
+            self.swa_evictable = readers[fields.index("swa_evictable")]
+            self.mamba_evictable = readers[fields.index("mamba_evictable")]
             self.counts = _hybrid_counts(readers)
 
 
