@@ -311,6 +311,29 @@ def test_a_mamba_slot_shortage_is_recorded_as_a_failed_slot_allocation(tmp_path:
     assert mamba_allocs == [(2, 1, False, p.kv.mamba_evictable)]
 
 
+def test_state_slots_outside_a_pass_are_one_record_per_binding_and_per_call(mamba_rig: HybridRig) -> None:
+    """With no pass running: binding three requests' rows is one ``mamba_alloc``, a lone
+    slot (a checkpoint, a stash) one more; a refused lone slot records the tree's
+    evictable state slots."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    _insert(mamba_rig, 7, 200)  # one evictable state in the tree
+    reqs = [Req(f"r{k}", "", prompt(10 + k, 50), SamplingParams(max_new_tokens=4)) for k in range(3)]
+    rec = Recorder(mamba_rig.out)
+    rec.attach(mamba_rig.scheduler)
+    slots = mamba_rig.req_pool.mamba_allocator
+    points = rig.HookPoints()
+    with mamba_rig.driver._config.installed(), points.hooked(points.wrapped(dict(make_hooks(rec)))):
+        mamba_rig.req_pool.alloc(reqs)  # 10 slots: 1 in the tree, 3 now
+        slots.alloc(1)
+        assert slots.alloc(slots.available_size() + 1) is None
+    rec.close()
+    _, records = read(Path(rec.writer.paths[0]))
+    allocs = [(a.requested, a.available, a.ok, a.evictable) for a in records if isinstance(a, Alloc)]
+    assert allocs == [(3, 9, True, 0), (1, 6, True, 0), (6, 5, False, 1)]
+
+
 def test_real_swa_passes_record_both_sides(swa_rig: HybridRig) -> None:
     for k in range(4):
         swa_rig.queue(f"w{k}", prompt(100 + k, 600 + 100 * k))
