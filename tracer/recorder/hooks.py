@@ -9,10 +9,11 @@ The hooks run on sglang's scheduler thread, the pass hook on every pass:
   ``available_chunk_tokens``: each candidate and the continuing chunk, into
   the running capture. While a candidate with a prefix match is added,
   ``LockProbe`` (a hook on the tree caches' ``inc_lock_ref``) keeps what
-  pinning that prefix took from the evictable count (``Candidate.locked_evictable``);
+  pinning that prefix took from the evictable counts (``Candidate.locked_evictable``,
+  and on an SWA tree ``locked_swa_evictable``);
 * the KV allocators: one ``Alloc`` per outermost allocation; the mamba
-  state slots one per ``MambaSlotAllocator.alloc``, except that binding a
-  batch's request rows (``HybridReqToTokenPool.alloc``) is one for its slots;
+  state slots (``MambaSlotAllocator.alloc``) one per pass, and outside a
+  pass one per request-row binding (``HybridReqToTokenPool.alloc``) or call;
 * requests arriving, finishing and aborted; ``handle_attention_aiter``;
 * the scheduler's ``__init__`` and ``run_event_loop``: the lifecycle.
 
@@ -144,7 +145,8 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             before = len(run_list)
             prefix_len = req.prefix_len
             # The pin on the candidate's prefix moves only its not-yet-locked part out
-            # of the evictable budget; replay needs that amount (Candidate.locked_evictable).
+            # of the evictable budget; replay needs that amount (Candidate.locked_evictable,
+            # and on SWA locked_swa_evictable).
             # An empty match pins the root, which is never evictable: nothing to measure.
             if prefix_len:
                 probe.drop = probe.swa_drop = None
