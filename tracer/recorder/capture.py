@@ -73,7 +73,7 @@ class PassCapture(Deferred):
         if chunked is not None:
             self.chunked_prefix = chunked.prefix_len
             self.chunked_out = len(chunked.output_ids)
-            self.chunked_prefill_size = effective_chunk_size(scheduler)
+            self.chunked_prefill_size = continuing_chunk_size(scheduler, chunked)
         else:
             self.chunked_prefix = self.chunked_out = 0
             self.chunked_prefill_size = scheduler.chunked_prefill_size  # the sizer sizes only a chunk
@@ -170,16 +170,14 @@ class SlotTally(Deferred):
         return rows.mamba_alloc_row(self.t_ns, self.asked, self.free_slots, self.evictable, self.granted)
 
 
-def effective_chunk_size(scheduler: Any) -> int | None:
-    """The chunked_prefill_size the pass will use (dynamic sizer included)."""
-    size = scheduler.chunked_prefill_size
-    chunked = scheduler.chunked_req
+def continuing_chunk_size(scheduler: Any, chunked: Any) -> int | None:
+    """The chunked_prefill_size the pass will use for ``chunked`` (the dynamic sizer's, if any)."""
     sizer = getattr(scheduler, "dynamic_chunk_sizer", None)
-    if chunked is not None and sizer is not None:
+    if sizer is not None:
         predicted = sizer.predict(chunked.prefix_len)
         if predicted is not None:
-            size = predicted
-    return size
+            return predicted
+    return scheduler.chunked_prefill_size
 
 
 def finish_reason(req: Any) -> str:

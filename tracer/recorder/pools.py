@@ -32,24 +32,27 @@ class PoolReaders:
         tree_cache = scheduler.tree_cache
         mamba_allocator = getattr(scheduler.req_to_token_pool, "mamba_allocator", None)
         swa = getattr(scheduler, "is_hybrid_swa", False)
-        # The evictable count ``PrefillBudget`` reads: the full pool's under a mamba tree.
+        # The evictable count the budget reads (KvSnapshot.evictable, Alloc.evictable): the full
+        # pool's under a hybrid tree (PrefillBudget under mamba, SWAPrefillBudget), else the tree's.
+        hybrid_tree = swa or tree_cache.supports_mamba()
         self.evictable: Callable[[], int] = _reader(
-            tree_cache, "full_evictable_size" if tree_cache.supports_mamba() else "evictable_size", None)
+            tree_cache, "full_evictable_size" if hybrid_tree else "evictable_size", tree_cache.evictable_size)
         self.swa_evictable: Callable[[], int] | None = None  # KvSnapshot.swa_evictable's reader
         self.mamba_evictable: Callable[[], int] | None = None  # KvSnapshot.mamba_evictable's reader
         if not swa and mamba_allocator is None:
             available, evictable = allocator.available_size, self.evictable
             self.counts: Callable[[], tuple] = lambda: (available(), evictable())  # a plain model: two calls
         else:
-            readers = _hybrid_readers(allocator, tree_cache, mamba_allocator, swa)
+            readers = _hybrid_readers(allocator, tree_cache, mamba_allocator, swa, self.evictable)
             fields = KvSnapshot.__struct_fields__
             self.swa_evictable = readers[fields.index("swa_evictable")]
             self.mamba_evictable = readers[fields.index("mamba_evictable")]
             self.counts = _hybrid_counts(readers)
 
 
-def _hybrid_readers(allocator: Any, tree_cache: Any, mamba_allocator: Any, swa: bool) -> tuple:
-    """The readers of ``KvSnapshot``'s fields, in order; None where a field stays None."""
+def _hybrid_readers(allocator: Any, tree_cache: Any, mamba_allocator: Any, swa: bool, evictable: Any) -> tuple:
+    """The readers of ``KvSnapshot``'s fields, in order; None where a field stays None.
+    ``evictable``: the full pool's evictable reader (``PoolReaders.evictable``)."""
     if swa:
         swa_readers = (
             _reader(allocator, "full_available_size", allocator.available_size),
@@ -67,7 +70,7 @@ def _hybrid_readers(allocator: Any, tree_cache: Any, mamba_allocator: Any, swa: 
         mamba_evictable = _reader(tree_cache, "mamba_evictable_size", None)
         mamba_protected = _reader(tree_cache, "mamba_protected_size", None)
     return (
-        available, _reader(tree_cache, "full_evictable_size", tree_cache.evictable_size), swa_available,
+        available, evictable, swa_available,
         swa_evictable, mamba_available, mamba_evictable,
         _reader(tree_cache, "full_protected_size", tree_cache.protected_size), swa_protected, mamba_protected,
     )
