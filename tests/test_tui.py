@@ -229,6 +229,29 @@ async def test_moving_on_the_pass_list_and_the_charts(trace):
         assert app.selected < app.listed.count
 
 
+async def test_a_chart_build_for_replaced_marks_is_dropped_when_it_lands_last(trace):
+    """Thread workers run to the end though a newer build replaced them, so the older can land last:
+    the charts it drew (without the replay's marks here) must not replace the newer ones."""
+    from schedtrace.tui import workers
+    from schedtrace.tui.model.marks import build_marks
+    from schedtrace.tui.model.replay_index import ReplayIndex
+
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        shown = app.chart_data
+        assert shown is not None and app.marks.divergence
+        width, height = app._chart_size
+        stale = build_marks(app.scan, ReplayIndex(None))
+        landed: list = []
+        workers.build_charts(app.shared, app.scan, stale, width, height, landed.append, request=object())
+        (message,) = landed
+        assert message.data != shown  # the stale build draws something else: the test can see a swap
+        app.post_message(message)
+        await settle(app, pilot)
+        assert app.chart_data is shown
+
+
 async def test_help_and_command_palette_list_every_key_and_a_legend(trace):
     app = make_app(trace)
     async with app.run_test(size=SIZE) as pilot:

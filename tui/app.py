@@ -111,6 +111,7 @@ class TraceApp(PromptActions, RankActions, App[None]):
         self.flt: PassFilter | None = None
         self.rid: str | None = None  # the request found with /
         self._chart_size = (0, 0)
+        self._charts_request: object | None = None  # the newest chart build's token
         self.set_reactive(TraceApp.passes, reader.pass_count if reader.closed_cleanly else 0)
         self.set_reactive(TraceApp.marks, build_marks(None, self.replay))
         self.set_reactive(TraceApp.divergences, len(self.replay.divergences))
@@ -175,8 +176,8 @@ class TraceApp(PromptActions, RankActions, App[None]):
         workers.compare(self.rank_set, self.post_message, lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="charts")
-    def build_charts(self, scan: ScanResult, marks: Marks, width: int, plot_height: int) -> None:
-        workers.build_charts(self.shared, scan, marks, width, plot_height, self.post_message)
+    def build_charts(self, scan: ScanResult, marks: Marks, width: int, plot_height: int, request: object) -> None:
+        workers.build_charts(self.shared, scan, marks, width, plot_height, self.post_message, request)
 
     @work(thread=True, exclusive=True, group="filter")
     def compute_filter(self, flt: PassFilter) -> None:
@@ -187,7 +188,7 @@ class TraceApp(PromptActions, RankActions, App[None]):
             rid_passes=lambda rid: workers.rid_pass_numbers(self.shared, rid, rids.get(rid) if rids else None,
                                                             lambda: worker.is_cancelled),
         )
-        workers.filter_passes(flt, inputs, self.post_message)
+        workers.filter_passes(flt, inputs, self.post_message, lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="request")
     def load_request(self, screen: RequestScreen, rid: str) -> None:
@@ -235,6 +236,8 @@ class TraceApp(PromptActions, RankActions, App[None]):
             self.chart_note = "no passes to chart"
 
     def on_charts_ready(self, message: ChartsReady) -> None:
+        if message.request is not self._charts_request:
+            return  # built for marks, a scan or a size since replaced
         self.chart_data, self.kv_image, self.queue_image = message.data, message.kv, message.queue
 
     def on_charts_resized(self, message: ChartsResized) -> None:
@@ -246,7 +249,8 @@ class TraceApp(PromptActions, RankActions, App[None]):
     def _rebuild_charts(self) -> None:
         width, height = self._chart_size
         if self.scan is not None and self.scan.passes and width > 20:
-            self.build_charts(self.scan, self.marks, width, height)
+            self._charts_request = request = object()
+            self.build_charts(self.scan, self.marks, width, height, request)
 
     def on_filter_ready(self, message: FilterReady) -> None:
         self.flt = message.flt

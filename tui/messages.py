@@ -46,6 +46,7 @@ class ChartsReady(Message):
     data: ChartData
     kv: ChartImage
     queue: ChartImage
+    request: object  # what they were built for: a stale build's threads can finish after a newer one
 
 
 @dataclass

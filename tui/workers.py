@@ -99,16 +99,18 @@ def scan(shared: SharedReader, post: Post, cancelled: Callable[[], bool], stall_
         return
     finally:
         sys.setswitchinterval(switch_interval)
-    post(ScanDone(result))
+    if not cancelled():  # a cancelled scan is partial, and of a rank no longer shown or a closing app
+        post(ScanDone(result))
 
 
-def filter_passes(flt: PassFilter, inputs: FilterInputs, post: Post) -> None:
+def filter_passes(flt: PassFilter, inputs: FilterInputs, post: Post, cancelled: Callable[[], bool]) -> None:
     try:
         rows = apply_filter(flt, inputs)
     except (ValueError, SchedtraceError) as exc:
         post(WorkerFailed("filter", str(exc)))
         return
-    post(FilterReady(flt, rows))
+    if not cancelled():  # a newer filter replaced this one
+        post(FilterReady(flt, rows))
 
 
 def rid_pass_numbers(shared: SharedReader, rid: str, span: RidSpan | None,
@@ -139,7 +141,7 @@ def load_request(shared: SharedReader, rid: str, span: RidSpan | None, passes: i
 
 
 def build_charts(shared: SharedReader, scan: ScanResult, marks: Marks, width: int, plot_height: int,
-                 post: Post) -> None:
+                 post: Post, request: object) -> None:
     from schedtrace.tui.widgets.plots import canvas_columns, kv_image, queue_image  # imports plotext
 
     try:
@@ -149,7 +151,7 @@ def build_charts(shared: SharedReader, scan: ScanResult, marks: Marks, width: in
         post(WorkerFailed("charts", str(exc)))
         return
     if data is not None:
-        post(ChartsReady(data, kv_image(data, width, plot_height), queue_image(data, width, plot_height)))
+        post(ChartsReady(data, kv_image(data, width, plot_height), queue_image(data, width, plot_height), request))
 
 
 def compare(ranks: RankSet, post: Post, cancelled: Callable[[], bool]) -> None:
