@@ -266,5 +266,5 @@ def run_arms(
 def _with_reader(path_or_reader, use):
     if not isinstance(path_or_reader, (str, os.PathLike)):
         return use(path_or_reader)  # a TraceReader, or a RankTrace with its interface
-    with TraceReader(path_or_reader) as reader:
+    with TraceReader(path_or_reader, skip_damaged=True) as reader:  # past unreadable regions, as replay reads
         return use(reader)

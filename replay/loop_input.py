@@ -12,6 +12,7 @@ from the pass of that row on: when the cache got it is not recorded).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 
 from schedtrace.replay.loop_pools import FULL_POOL, LoopPools, swa_window_tokens
@@ -27,21 +28,39 @@ from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Heade
 class TraceScan:
     """What one scan of the trace gives every closed loop, whatever its start."""
 
-    points: list[tuple[int, int]]  # (scheduler pass number, t_ns) of each pass record
+    points: list[tuple[int, int]]  # (scheduler pass number, t_ns) of each pass record read
     arrivals: list[Arrival]
     targets: dict[str, int]  # rid -> recorded output length
     clock: PassClock
-    # rid -> (index of the pass record, prefix match, what locking it took from the evictable
+    # rid -> (trace pass number, prefix match, what locking it took from the evictable
     # count): the first candidate row with a match
     matches: dict[str, tuple[int, int, int | None]] = field(default_factory=dict)
     # The recording's own outcome (the self-check's reference):
-    admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> index of the pass record first admitting it
+    admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> trace pass number first admitting it
     finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
-    queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each pass record's entry
+    queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each point's pass entry
+    # The pass index of each point (``pass_at``'s): 0, 1, 2, ... but past an unreadable
+    # region (a reader with ``skip_damaged``), whose pass records are missing here.
+    numbers: list[int] = field(default_factory=list)
     # The server ran sglang's overlap scheduler: a running request was seen without its first output
     # (its prefill's result not yet processed), which the normal loop never shows. Only for traces
     # whose header does not say (``Header.overlap_schedule`` None).
     overlap: bool = False
+
+    def position(self, pass_no: int) -> int:
+        """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
+        return bisect_left(self.numbers, pass_no)
+
+    def iteration_of(self, pass_no: int) -> int:
+        """The scheduler pass number of trace pass ``pass_no`` (past the last point: the last)."""
+        return self.points[min(self.position(pass_no), len(self.points) - 1)][0] if self.points else 0
+
+    def lost_around(self, pass_no: int) -> tuple[int, int] | None:
+        """The passes read either side of ``pass_no`` when it was lost in an unreadable region."""
+        i = self.position(pass_no)
+        if i < len(self.numbers) and self.numbers[i] == pass_no:
+            return None
+        return (self.numbers[i - 1] if i else -1), (self.numbers[i] if i < len(self.numbers) else -1)
 
 
 def scan_trace(reader: TraceReader) -> TraceScan:
@@ -51,7 +70,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     repeats, and the idle passes between them. The recorder counts idle
     passes in ``idle`` records (and the ones right before a pass again in its
     ``idle_before``); a trace without ``idle`` records is counted by
-    ``idle_before`` alone.
+    ``idle_before`` alone. Pass records lost in an unreadable region count
+    one scheduler pass each: their folds and the idle passes around them are
+    lost with them.
     """
     by_idle_records: list[tuple[int, int]] = []
     by_idle_before: list[tuple[int, int]] = []
@@ -61,12 +82,19 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     admitted_at: dict[str, int] = {}
     finished_ns: dict[str, int] = {}
     queue_lengths: list[int] = []
+    numbers: list[int] = []
+    first = reader.header.first_pass
     overlap = False
     it_records = it_before = 0
     seen_idle_record = False
     for _, record in reader.records():
         if isinstance(record, Pass):
-            index = len(queue_lengths)
+            index = record.seq - first  # the reader's pass index (a later part's seqs start past 0)
+            lost = index - (numbers[-1] + 1 if numbers else 0)
+            if lost > 0:  # past an unreadable region
+                it_records += lost
+                it_before += lost
+            numbers.append(index)
             it_before += max(record.idle_before, 0)
             by_idle_records.append((it_records, record.t_ns))
             by_idle_before.append((it_before, record.t_ns))
@@ -90,7 +118,8 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     points = by_idle_records if seen_idle_record else by_idle_before
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
-        admitted_at=admitted_at, finished_ns=finished_ns, queue_lengths=queue_lengths, overlap=overlap,
+        admitted_at=admitted_at, finished_ns=finished_ns, queue_lengths=queue_lengths, numbers=numbers,
+        overlap=overlap,
     )
 
 
@@ -135,9 +164,14 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     if not 0 <= from_pass < count:
         raise UsageError(f"--from {from_pass}: the trace has passes 0..{count - 1}")
     scan = scan if scan is not None else scan_trace(reader)
+    around = scan.lost_around(from_pass)
+    if around is not None and scan.numbers and from_pass <= scan.numbers[-1]:  # a torn tail: the index says
+        before, after = around
+        raise UsageError(f"--from {from_pass}: {reader.path}: pass {from_pass} was lost in an unreadable region; "
+                         f"the nearest passes read are {before} and {after}")
     start = replay_inputs(reader.pass_at(from_pass))
     # The index and the scan disagree only on a torn file: then the last point.
-    start_iteration = scan.points[min(from_pass, len(scan.points) - 1)][0] if scan.points else 0
+    start_iteration = scan.iteration_of(from_pass)
     header = reader.header
     pools = LoopPools.of(header)
     initial = initial_state(start, scan.targets, pools, page_size=max(1, header.server_args.page_size))
@@ -152,10 +186,9 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         step = max(1, scan.clock.iteration_at(event.t_ns) - start_iteration)
         future.append((step, _loop_req(event, scan.targets, priority=event.priority)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
-    last = len(scan.points) - 1
     matches = sorted(
-        (scan.points[min(index, last)][0] - start_iteration, rid, prefix, locked)
-        for rid, (index, prefix, locked) in scan.matches.items()
+        (scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)
+        for rid, (pass_no, prefix, locked) in scan.matches.items()
         if rid in known
     )
     return LoopInput(

@@ -100,10 +100,10 @@ def recorded_waits(loop: LoopInput, scan: TraceScan) -> dict[str, int]:
     arrived.update((r.rid, step) for step, r in loop.arrivals)
     waits: dict[str, int] = {}
     for rid, step in arrived.items():
-        index = scan.admitted_at.get(rid)
-        if index is None or index < loop.from_pass or index >= len(scan.points):
+        pass_no = scan.admitted_at.get(rid)
+        if pass_no is None or pass_no < loop.from_pass or scan.position(pass_no) >= len(scan.points):
             continue
-        waits[rid] = max(scan.points[index][0] - loop.start_iteration - step, 0)
+        waits[rid] = max(scan.iteration_of(pass_no) - loop.start_iteration - step, 0)
     return waits
 
 
@@ -139,7 +139,7 @@ def self_check(
         loop_wait_p50=int(quantile(loop_waits, 0.5)),
         recorded_wait_p90=int(quantile(rec_waits, 0.9)),
         loop_wait_p90=int(quantile(loop_waits, 0.9)),
-        recorded_queue_peak=max(scan.queue_lengths[loop.from_pass:], default=0),
+        recorded_queue_peak=max(scan.queue_lengths[scan.position(loop.from_pass):], default=0),
         loop_queue_peak=outcome.queue_peak,
         finished=len(finished),
         order_agreement=round(agreement, DIGITS),

@@ -233,3 +233,32 @@ def test_a_damaged_trace_replays_to_the_same_bytes_on_one_and_two_workers(tmp_pa
     report = json.loads(one)
     assert [r["start"] for r in report["holes"]["regions"]] == [batch.offset]
     assert report["passes"] + report["holes"]["passes_lost"] == 2 * MIN_PASSES_PER_JOB + 200
+
+
+def test_a_closed_loop_past_the_hole_is_the_one_on_the_whole_copy(traces) -> None:
+    """Pass numbers, not positions: the damaged copy's closed loop from a pass after its hole
+    starts from that pass, places arrivals and prefix matches on the same steps, and checks
+    itself against the same recorded waits as the copy the hole was made in."""
+    from schedtrace.replay.closed_loop import load_input, run_closed_loop, scan_trace
+
+    lost = sorted(set(range(traces["count"])) - set(traces["present"]))
+    start = lost[-1] + 40
+    seen = []
+    for path, skip_damaged in ((traces["lossy"], False), (traces["damaged"], True)):
+        with TraceReader(path, skip_damaged=skip_damaged) as reader:
+            loop = load_input(reader, start, scan_trace(reader))
+            steps = [step for step, _ in loop.arrivals], [(step, rid) for step, rid, _, _ in loop.matches]
+            seen.append((loop.start.seq, steps, run_closed_loop(reader, ["stock", "fixed"], from_pass=start)))
+    (whole_seq, whole_steps, whole), (seq, steps, damaged) = seen
+    assert seq == whole_seq == start and steps == whole_steps and whole_steps[0]
+    assert damaged.self_check == whole.self_check and damaged.self_check.requests > 0
+    assert damaged.arms == whole.arms
+
+
+def test_a_closed_loop_from_a_lost_pass_is_one_line_naming_the_passes_read_beside_it(traces, capsys) -> None:
+    lost = sorted(set(range(traces["count"])) - set(traces["present"]))
+    status = run(["replay", str(traces["damaged"]), "--closed-loop", "--from", str(lost[3])])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert (f"--from {lost[3]}: {traces['damaged']}: pass {lost[3]} was lost in an unreadable region; "
+            f"the nearest passes read are {lost[0] - 1} and {lost[-1] + 1}") in err
