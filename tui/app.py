@@ -157,7 +157,8 @@ class TraceApp(PromptActions, RankActions, App[None]):
 
     @work(thread=True, exclusive=True, group="index")
     def index_trace(self) -> None:
-        workers.count_passes(self.reader, self.post_message)
+        worker = get_current_worker()
+        workers.count_passes(self.reader, self.post_message, lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="scan")
     def scan_trace(self) -> None:

@@ -45,13 +45,14 @@ SCAN_SWITCH_INTERVAL_S = 0.0005
 MAX_REQUEST_PASSES = 200_000  # the request view reads at most this many passes of one rid's span
 
 
-def count_passes(reader: Reader, post: Post) -> None:
+def count_passes(reader: Reader, post: Post, cancelled: Callable[[], bool]) -> None:
     try:
         count = reader.pass_count  # one linear scan of an unclosed file
     except SchedtraceError as exc:
         post(WorkerFailed("index", str(exc)))
         return
-    post(IndexReady(count))
+    if not cancelled():  # the count of a rank no longer shown
+        post(IndexReady(count))
 
 
 class SharedReader:
