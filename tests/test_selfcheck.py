@@ -79,6 +79,7 @@ def test_the_stock_closed_loop_reproduces_each_sample_recording(trace):
     first-admission wait, the queue peak and the completion order come out as recorded."""
     with TraceReader(trace) as reader:
         requests = {r.rid for _, r in reader.records() if isinstance(r, Finish)}
+        running_slots = reader.header.max_req_slots  # the request pool: the running cap the server ran with
     loop = run_closed_loop(trace, ["stock"])
     check = loop.self_check
     assert check is not None and check.arm == "stock"
@@ -87,7 +88,7 @@ def test_the_stock_closed_loop_reproduces_each_sample_recording(trace):
     assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0)
     assert (check.loop_wait_p50, check.loop_wait_p90) == (check.recorded_wait_p50, check.recorded_wait_p90)
     assert check.recorded_wait_p90 > 100  # the overload: requests waited a hundred passes and more
-    assert check.loop_queue_peak == check.recorded_queue_peak > 20
+    assert check.loop_queue_peak == check.recorded_queue_peak > running_slots  # more waited than could run
     assert (check.order_agreement, check.kendall_tau) == (1.0, 1.0)
 
 

@@ -26,6 +26,8 @@ from schedtrace.tui.widgets.screens import TextScreen
 from test_tui import detail_text, settle  # tests/ is on sys.path
 
 SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "hybrid-swa-gptoss.trace"
+with TraceReader(SAMPLE) as _sample:
+    SAMPLE_PASSES = _sample.pass_count  # what every copy below must read back, all parts together
 ALTERED = (115, 331)  # passes that admit in the sample; rank 1 admits nothing there
 SPLIT = 200  # rank 1's part 1 starts at this pass
 LOSS_AFTER = 60
@@ -106,12 +108,12 @@ async def test_brackets_switch_ranks_and_a_rank_of_two_parts_reads_as_one(tmp_pa
     with traces:
         async with app.run_test(size=SIZE) as pilot:
             await settle(app, pilot)
-            assert "rank tp0 1/2" in header_text(app) and app.passes == 433
+            assert "rank tp0 1/2" in header_text(app) and app.passes == SAMPLE_PASSES
             await pilot.press("g", *"300", "enter")
             await pilot.press("right_square_bracket")
             await settle(app, pilot)
             assert "rank tp1 2/2" in header_text(app)
-            assert app.passes == 433 and app.scan.passes == 433  # both parts, numbered on
+            assert app.passes == SAMPLE_PASSES and app.scan.passes == SAMPLE_PASSES  # both parts, numbered on
             assert app.selected == 300 and "Pass 300 " in detail_text(app)  # pass 300 is in part 1
             with TraceReader(SAMPLE) as sample:
                 assert app.cache.get(300).t_ns == sample.pass_at(300).t_ns
@@ -176,7 +178,7 @@ async def test_a_damaged_copy_browses_and_lists_its_gap_and_loss(tmp_path):
             header = header_text(app)
             assert f"DAMAGED 1 gap, {gap.passes_lost} passes lost" in header
             assert "unclosed" not in header and "cleanly" not in header
-            assert app.scan.passes == app.passes == 433  # every pass after the gap is read too
+            assert app.scan.passes == app.passes == SAMPLE_PASSES  # every pass after the gap is read too
             await pilot.press("x")
             assert app.selected == LOSS_AFTER and "dropped 7 records after this pass (queue_full)" in detail_text(app)
             await pilot.press("x")
@@ -221,7 +223,7 @@ def test_a_cancelled_comparison_stops_and_posts_nothing(tmp_path):
     with open_traceset([write_run(tmp_path / "run")]) as traces:
         ranks = RankSet("tui-ranks", traces.run().ranks)
         assert not list(StoppableRank(ranks.ranks[1], lambda: True).records())
-        assert len(list(StoppableRank(ranks.ranks[1], lambda: False).records())) > 433
+        assert len(list(StoppableRank(ranks.ranks[1], lambda: False).records())) > SAMPLE_PASSES
         workers.compare(ranks, posted.append, cancelled=lambda: True)
         assert posted == []
         workers.compare(ranks, posted.append, cancelled=lambda: False)
