@@ -69,6 +69,7 @@ from schedtrace.replay.state import (
     RecordedTreeCache,
 )
 from schedtrace.replay.requests import ReqCache, TokenSource, chunked_req, running_req, waiting_req
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.names import STOCK, error_text  # "Type: message", as the recorder writes Pass.error
 from schedtrace.tracer.contract.schema import Aiter, Header, Pass
@@ -182,12 +183,11 @@ class PassDriver:
         self.mamba_chunk_grid = max(1, header.mamba_chunk_grid)
         self._ScheduleBatch = ScheduleBatch
         self._PrefillAdder = PrefillAdder
-        slots = header.max_req_slots or (args.max_running_requests or 0) + 1
-        # The real Scheduler sets this default from its effective max_running_requests (pp_size 1).
-        max_running = args.max_running_requests or slots
+        slots = capacity.request_slots(header)
         self._config = _PublishedConfig(
             {
-                "pp_max_micro_batch_size": max(max_running, 1),
+                # The real Scheduler sets this default from its max_running_requests (pp_size 1).
+                "pp_max_micro_batch_size": capacity.max_running(header),
                 "schedule_policy": args.schedule_policy,
                 "page_size": self.page_size,
                 "enable_priority_scheduling": args.enable_priority_scheduling,

@@ -24,6 +24,7 @@ from typing import Final, Union
 import msgspec
 
 from schedtrace.replay.loop_input import LoopInput
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.schema import Header
 
@@ -110,7 +111,7 @@ def recorded_config(header: Header, keys=KEYS) -> Config:
     unset: the request pool's size; ``max_total_tokens`` unset: 0, unknown)."""
     args = header.server_args
     values: Config = {
-        "max_running_requests": args.max_running_requests or header.max_req_slots,
+        "max_running_requests": capacity.max_running(header),
         "chunked_prefill_size": args.chunked_prefill_size if args.chunked_prefill_size else CHUNKING_OFF,
         "schedule_policy": args.schedule_policy,
         "max_total_tokens": args.max_total_tokens or 0,
@@ -128,7 +129,7 @@ def apply_config(loop: LoopInput, config: Config) -> LoopInput:
     changes: dict[str, Value | None] = {}
     if "max_running_requests" in config:
         new = int(config["max_running_requests"])
-        delta = new - (args.max_running_requests or header.max_req_slots or new)
+        delta = new - capacity.max_running(header)
         initial.req_slots_free += delta
         if initial.req_slots_free < 0 or (slots and slots + delta < 1):
             held = len(initial.running) + (initial.chunked is not None)

@@ -105,6 +105,8 @@ def test_mamba_hybrid_overload_hits_the_state_pool_cap(mamba_sandbox: SandboxSer
     # sglang sized the request pool from the state pool, and that cap bound admission.
     cap, slots = map(int, MAMBA_CAP.search(mamba_sandbox.log_path.read_text()).groups())
     assert header.max_req_slots == cap < REQUESTS
+    # The header holds the cap the scheduler derived, not the flag (the sandbox leaves it unset).
+    assert header.server_args.max_running_requests == cap
     assert max(occupancy(p) for p in passes) == cap
     assert any(occupancy(p) == cap and len(p.waiting) > len(p.admitted) for p in passes)
 
@@ -138,6 +140,7 @@ def test_swa_hybrid_overload_decodes_the_stand_in_tokens_to_eos(swa_sandbox: San
     assert max(occupancy(p) for p in passes) <= header.max_req_slots
 
     swa_size, full_size = map(int, SWA_POOL.search(swa_sandbox.log_path.read_text()).groups())
+    assert header.server_args.max_total_tokens == full_size == header.pools.full_size
     assert all(0 <= p.kv.available <= full_size for p in passes)
     swa_free = [p.kv.swa_available for p in passes]
     assert all(free is not None and 0 <= free <= swa_size for free in swa_free)

@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import SchedtraceError, TraceDamagedError
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Report
@@ -195,7 +196,7 @@ class TraceApp(PromptActions, RankActions, App[None]):
     def load_request(self, screen: RequestScreen, rid: str) -> None:
         worker = get_current_worker()
         workers.load_request(self.shared, rid, self.scan.rids.get(rid) if self.scan else None, self.passes,
-                             self.reader.header.server_args.max_running_requests, screen.post_message,
+                             capacity.max_running(self.reader.header), screen.post_message,
                              lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="replay")

@@ -26,6 +26,7 @@ from schedtrace.replay.patching import sglang_version
 from schedtrace.replay.repro import scaffold
 from schedtrace.replay.repro.target import Divergent
 from schedtrace.replay.variants import parse_variant
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.names import split_error
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import Aiter, Header, Pass
@@ -139,9 +140,7 @@ def _said(decision: Decision) -> str:
 
 def _server_constants(header: Header, p: Pass) -> list[str]:
     args = header.server_args
-    # As PassDriver sets pp_max_micro_batch_size: the effective max_running_requests.
-    slots = header.max_req_slots or (args.max_running_requests or 0) + 1
-    micro = args.max_running_requests or slots
+    micro = capacity.max_running(header)  # pp_max_micro_batch_size, as PassDriver sets it
     grid = max(1, header.mamba_chunk_grid)
     lines = [
         "# The recording server's options",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from schedtrace.tracer.analysis import admission_hybrid as hybrid
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.analysis.queue_order import admission_order
 from schedtrace.tracer.contract.names import SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT, SGLANG_CLIP_MAX_NEW_TOKENS_ENV, env_int
@@ -71,14 +72,12 @@ def limits_of(source: ServerConfig) -> Limits:
         return Limits(1, source, None, False, True, "fcfs", False, 1, False,
                       ("no header given: page size 1, fcfs, no mixed chunk assumed",))
     args = source.server_args
-    # PassDriver's defaults: the request pool size, else max_running_requests + 1.
-    slots = source.max_req_slots or (args.max_running_requests or 0) + 1
     policy = args.schedule_policy
     if policy in _CACHE_AWARE and args.disable_radix_cache:
         policy = "fcfs"
     return Limits(
         page=max(1, args.page_size),
-        max_running=max(args.max_running_requests or slots, 1),
+        max_running=capacity.max_running(source),
         max_prefill_tokens=args.max_prefill_tokens,
         mixed_chunk=args.enable_mixed_chunk,
         radix_cache=not args.disable_radix_cache,

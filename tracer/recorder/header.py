@@ -23,8 +23,8 @@ def server_args_row(args: Any, scheduler: Any = None) -> ServerArgs:
         chunked_prefill_size=_chunked_prefill_size(args, scheduler),
         max_prefill_tokens=int(getattr(args, "max_prefill_tokens", 0) or 0),
         page_size=int(getattr(args, "page_size", 1) or 1),
-        max_running_requests=getattr(args, "max_running_requests", None),
-        max_total_tokens=getattr(args, "max_total_tokens", None),
+        max_running_requests=_derived(scheduler, "max_running_requests", args, "max_running_requests"),
+        max_total_tokens=_derived(scheduler, "max_total_num_tokens", args, "max_total_tokens"),
         attention_backend=getattr(args, "attention_backend", None),
         model_path=str(getattr(args, "model_path", "")),
         enable_mixed_chunk=bool(getattr(args, "enable_mixed_chunk", False)),
@@ -57,6 +57,15 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
         exact_chunk_fill=pools.exact_chunk_fill(),
         overlap_schedule=_overlap_loop(scheduler, ranks["pp_size"] or 1),
     )
+
+
+def _derived(scheduler: Any, name: str, args: Any, flag: str) -> int | None:
+    """The scheduler's own value of a capacity (sglang fills in an unset flag and caps a given
+    one: the mamba state cache caps the running requests); the flag as given without one."""
+    value = getattr(scheduler, name, None) if scheduler is not None else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return getattr(args, flag, None)
 
 
 def _chunked_prefill_size(args: Any, scheduler: Any) -> int | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from math import floor, log10
 
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.analysis import admission as adm
 from schedtrace.tracer.analysis.why import why
 from schedtrace.tracer.contract.schema import Header, Pass
@@ -120,8 +121,8 @@ class ChartData:
 
 
 def kv_total(header: Header, scan: ScanResult) -> int:
-    """The pool's size: max_total_tokens, else the most free + evictable seen."""
-    total = header.server_args.max_total_tokens
+    """The full pool's size (``capacity.kv_tokens``), else the most free + evictable seen."""
+    total = capacity.kv_tokens(header)
     if total:
         return total
     free, evict = scan.series["kv_free"], scan.series["kv_evictable"]
@@ -148,7 +149,7 @@ def chart_data(scan: ScanResult, marks: Marks, header: Header, columns: int,
     axis = TimeAxis.of(scan.t_ns, columns)
     if axis is None:
         return None
-    data = ChartData(axis, scan.series, kv_total(header, scan), header.server_args.max_running_requests)
+    data = ChartData(axis, scan.series, kv_total(header, scan), capacity.max_running(header))
     s = scan.series
     free, evict, waiting, running = s["kv_free"], s["kv_evictable"], s["waiting"], s["running"]
     need_of: dict[int, float | None] = {}

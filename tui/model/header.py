@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.schema import Header
 from schedtrace.tui.model.damage import GapView
 from schedtrace.tui.model.durations import humanize_ns
@@ -39,8 +40,8 @@ def header_items(header: Header, *, pass_count: int, duration_ns: int | None, lo
         HeaderItem("rank", rank) if rank else HeaderItem("", here, drop=8),
         HeaderItem("policy", args.schedule_policy, drop=2),
         HeaderItem("chunk", str(args.chunked_prefill_size), drop=3),
-        HeaderItem("max run", str(args.max_running_requests)),
-        HeaderItem("kv", str(args.max_total_tokens)),
+        HeaderItem("max run", str(capacity.max_running(header))),
+        HeaderItem("kv", str(capacity.kv_tokens(header) or "?")),
         HeaderItem("", humanize_ns(duration_ns) if duration_ns is not None else "…", drop=5),
         HeaderItem("passes", f"{pass_count:,}"),
         HeaderItem("lost", str(losses), drop=0 if losses else 9, alarm=bool(losses)),
