@@ -55,13 +55,6 @@ class TraceScan:
         """The scheduler pass number of trace pass ``pass_no`` (past the last point: the last)."""
         return self.points[min(self.position(pass_no), len(self.points) - 1)][0] if self.points else 0
 
-    def lost_around(self, pass_no: int) -> tuple[int, int] | None:
-        """The passes read either side of ``pass_no`` when it was lost in an unreadable region."""
-        i = self.position(pass_no)
-        if i < len(self.numbers) and self.numbers[i] == pass_no:
-            return None
-        return (self.numbers[i - 1] if i else -1), (self.numbers[i] if i < len(self.numbers) else -1)
-
 
 def scan_trace(reader: TraceReader) -> TraceScan:
     """The pass clock, arrivals, output lengths and the recorded outcome, from one scan.
@@ -164,11 +157,12 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     if not 0 <= from_pass < count:
         raise UsageError(f"--from {from_pass}: the trace has passes 0..{count - 1}")
     scan = scan if scan is not None else scan_trace(reader)
-    around = scan.lost_around(from_pass)
-    if around is not None and scan.numbers and from_pass <= scan.numbers[-1]:  # a torn tail: the index says
-        before, after = around
+    at = scan.position(from_pass)
+    if at < len(scan.numbers) and scan.numbers[at] != from_pass:  # lost (past the last point: a torn tail)
+        nearest = (f"the nearest passes read are {scan.numbers[at - 1]} and {scan.numbers[at]}" if at
+                   else f"the first pass read is {scan.numbers[at]}")
         raise UsageError(f"--from {from_pass}: {reader.path}: pass {from_pass} was lost in an unreadable region; "
-                         f"the nearest passes read are {before} and {after}")
+                         f"{nearest}")
     start = replay_inputs(reader.pass_at(from_pass))
     # The index and the scan disagree only on a torn file: then the last point.
     start_iteration = scan.iteration_of(from_pass)

@@ -101,7 +101,7 @@ def recorded_waits(loop: LoopInput, scan: TraceScan) -> dict[str, int]:
     waits: dict[str, int] = {}
     for rid, step in arrived.items():
         pass_no = scan.admitted_at.get(rid)
-        if pass_no is None or pass_no < loop.from_pass or scan.position(pass_no) >= len(scan.points):
+        if pass_no is None or pass_no < loop.from_pass:  # a pass number of the scan's own points
             continue
         waits[rid] = max(scan.iteration_of(pass_no) - loop.start_iteration - step, 0)
     return waits

@@ -262,3 +262,15 @@ def test_a_closed_loop_from_a_lost_pass_is_one_line_naming_the_passes_read_besid
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert (f"--from {lost[3]}: {traces['damaged']}: pass {lost[3]} was lost in an unreadable region; "
             f"the nearest passes read are {lost[0] - 1} and {lost[-1] + 1}") in err
+
+
+def test_a_closed_loop_from_a_lost_first_pass_names_the_first_pass_read(traces, tmp_path, capsys) -> None:
+    damaged = tmp_path / "first-lost.trace"
+    damage_batch(traces["lossy"], damaged, at_pass=0)
+    with TraceReader(damaged, skip_damaged=True) as reader:
+        first = next(reader.passes()).seq
+    assert first > 0
+    status = run(["replay", str(damaged), "--closed-loop"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"--from 0: {damaged}: pass 0 was lost in an unreadable region; the first pass read is {first}" in err
