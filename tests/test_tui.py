@@ -230,9 +230,10 @@ async def test_moving_on_the_pass_list_and_the_charts(trace):
 
 
 async def test_a_chart_build_for_replaced_marks_is_dropped_when_it_lands_last(trace):
-    """Thread workers run to the end though a newer build replaced them, so the older can land last:
-    the charts it drew (without the replay's marks here) must not replace the newer ones."""
+    """Thread workers run to the end though a newer build replaced (cancelled) them, so the older can
+    land last: the charts it drew (without the replay's marks here) must not replace the newer ones."""
     from schedtrace.tui import workers
+    from schedtrace.tui.messages import FromWorker
     from schedtrace.tui.model.marks import build_marks
     from schedtrace.tui.model.replay_index import ReplayIndex
 
@@ -244,12 +245,19 @@ async def test_a_chart_build_for_replaced_marks_is_dropped_when_it_lands_last(tr
         width, height = app._chart_size
         stale = build_marks(app.scan, ReplayIndex(None))
         landed: list = []
-        workers.build_charts(app.shared, app.scan, stale, width, height, landed.append, request=object())
+        workers.build_charts(app.shared, app.scan, stale, width, height, landed.append)
         (message,) = landed
         assert message.data != shown  # the stale build draws something else: the test can see a swap
-        app.post_message(message)
+        builder = app.run_worker(lambda: None, thread=True, group="charts")
+        await builder.wait()
+        builder.cancel()  # as a newer build of its group cancels it
+        app.post_message(FromWorker(builder, message))
         await settle(app, pilot)
         assert app.chart_data is shown
+        # The same build from a worker not cancelled lands: the drop is the cancellation's.
+        app.post_message(FromWorker(app.run_worker(lambda: None, thread=True), message))
+        await settle(app, pilot)
+        assert app.chart_data is message.data
 
 
 async def test_help_and_command_palette_list_every_key_and_a_legend(trace):

@@ -37,6 +37,7 @@ from schedtrace.tui.messages import (
     CursorMoved,
     DivergenceFound,
     FilterReady,
+    FromWorker,
     IndexReady,
     PassPicked,
     ReplayDone,
@@ -112,7 +113,6 @@ class TraceApp(PromptActions, RankActions, App[None]):
         self.flt: PassFilter | None = None
         self.rid: str | None = None  # the request found with /
         self._chart_size = (0, 0)
-        self._charts_request: object | None = None  # the newest chart build's token
         self.set_reactive(TraceApp.passes, reader.pass_count if reader.closed_cleanly else 0)
         self.set_reactive(TraceApp.marks, build_marks(None, self.replay))
         self.set_reactive(TraceApp.divergences, len(self.replay.divergences))
@@ -156,30 +156,42 @@ class TraceApp(PromptActions, RankActions, App[None]):
 
     # --- workers (bodies in workers.py) ---
 
+    def worker_post(self) -> workers.Post:
+        """How the current thread worker posts to the app: through ``on_from_worker``. A thread
+        worker runs to its end though a newer one of its group (or a rank switch) cancelled it,
+        so its result could land over the newer one's."""
+        worker = get_current_worker()
+        return lambda message: self.post_message(FromWorker(worker, message))
+
+    def on_from_worker(self, message: FromWorker) -> None:
+        # On the UI thread, in arrival order: a result of a worker cancelled by now is
+        # stale, and one of a worker not cancelled lands before any that replaces it.
+        if not message.worker.is_cancelled:
+            self.post_message(message.message)
+
     @work(thread=True, exclusive=True, group="index")
     def index_trace(self) -> None:
-        worker = get_current_worker()
-        workers.count_passes(self.reader, self.post_message, lambda: worker.is_cancelled)
+        workers.count_passes(self.reader, self.worker_post())
 
     @work(thread=True, exclusive=True, group="scan")
     def scan_trace(self) -> None:
         worker = get_current_worker()
-        workers.scan(self.shared, self.post_message, cancelled=lambda: worker.is_cancelled,
+        workers.scan(self.shared, self.worker_post(), cancelled=lambda: worker.is_cancelled,
                      stall_passes=self.stall_passes)
 
     @work(thread=True, exclusive=True, group="gaps")
     def find_gaps(self) -> None:
-        workers.find_gaps(self.shared, self.rank_index, self.post_message)
+        workers.find_gaps(self.shared, self.rank_index, self.worker_post())
 
     @work(thread=True, exclusive=True, group="ranks")
     def compare_ranks(self) -> None:
         assert self.rank_set is not None
         worker = get_current_worker()
-        workers.compare(self.rank_set, self.post_message, lambda: worker.is_cancelled)
+        workers.compare(self.rank_set, self.worker_post(), lambda: worker.is_cancelled)
 
     @work(thread=True, exclusive=True, group="charts")
-    def build_charts(self, scan: ScanResult, marks: Marks, width: int, plot_height: int, request: object) -> None:
-        workers.build_charts(self.shared, scan, marks, width, plot_height, self.post_message, request)
+    def build_charts(self, scan: ScanResult, marks: Marks, width: int, plot_height: int) -> None:
+        workers.build_charts(self.shared, scan, marks, width, plot_height, self.worker_post())
 
     @work(thread=True, exclusive=True, group="filter")
     def compute_filter(self, flt: PassFilter) -> None:
@@ -190,7 +202,7 @@ class TraceApp(PromptActions, RankActions, App[None]):
             rid_passes=lambda rid: workers.rid_pass_numbers(self.shared, rid, rids.get(rid) if rids else None,
                                                             lambda: worker.is_cancelled),
         )
-        workers.filter_passes(flt, inputs, self.post_message, lambda: worker.is_cancelled)
+        workers.filter_passes(flt, inputs, self.worker_post())
 
     @work(thread=True, exclusive=True, group="request")
     def load_request(self, screen: RequestScreen, rid: str) -> None:
@@ -238,8 +250,6 @@ class TraceApp(PromptActions, RankActions, App[None]):
             self.chart_note = "no passes to chart"
 
     def on_charts_ready(self, message: ChartsReady) -> None:
-        if message.request is not self._charts_request:
-            return  # built for marks, a scan or a size since replaced
         self.chart_data, self.kv_image, self.queue_image = message.data, message.kv, message.queue
 
     def on_charts_resized(self, message: ChartsResized) -> None:
@@ -251,8 +261,7 @@ class TraceApp(PromptActions, RankActions, App[None]):
     def _rebuild_charts(self) -> None:
         width, height = self._chart_size
         if self.scan is not None and self.scan.passes and width > 20:
-            self._charts_request = request = object()
-            self.build_charts(self.scan, self.marks, width, height, request)
+            self.build_charts(self.scan, self.marks, width, height)
 
     def on_filter_ready(self, message: FilterReady) -> None:
         self.flt = message.flt

@@ -10,6 +10,7 @@ from array import array
 from dataclasses import dataclass
 
 from textual.message import Message
+from textual.worker import Worker
 
 from schedtrace.tracer.contract.report import Divergence, Report
 from schedtrace.tui.model.damage import GapView
@@ -21,6 +22,15 @@ from schedtrace.tui.model.scan import ScanResult
 from schedtrace.tui.widgets.plots import ChartImage
 
 # --- from workers, to the app ---------------------------------------------------------
+
+
+@dataclass
+class FromWorker(Message):
+    """A thread worker's message, with the worker: the app drops it if the worker was cancelled
+    before it landed (``TraceApp.on_from_worker``)."""
+
+    worker: Worker
+    message: Message
 
 
 @dataclass
@@ -46,7 +56,6 @@ class ChartsReady(Message):
     data: ChartData
     kv: ChartImage
     queue: ChartImage
-    request: object  # what they were built for: a stale build's threads can finish after a newer one
 
 
 @dataclass

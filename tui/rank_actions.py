@@ -74,7 +74,7 @@ class RankActions:
         self.query_one(PassList).cache, self.query_one(PassList).why = self.cache, self.why
         self.query_one(TraceHeader).show(self.reader, self.arms, self.rank_position)
         self.flt, self.rid, self.scan, self.gaps = None, None, None, []
-        self.chart_data = self.kv_image = self.queue_image = self._charts_request = None
+        self.chart_data = self.kv_image = self.queue_image = None
         self.chart_note = "scanning trace…"
         self.report_doubts = [] if not home else self.report_doubts
         self.divergences = len(self.replay.divergences)

@@ -45,14 +45,13 @@ SCAN_SWITCH_INTERVAL_S = 0.0005
 MAX_REQUEST_PASSES = 200_000  # the request view reads at most this many passes of one rid's span
 
 
-def count_passes(reader: Reader, post: Post, cancelled: Callable[[], bool]) -> None:
+def count_passes(reader: Reader, post: Post) -> None:
     try:
         count = reader.pass_count  # one linear scan of an unclosed file
     except SchedtraceError as exc:
         post(WorkerFailed("index", str(exc)))
         return
-    if not cancelled():  # the count of a rank no longer shown
-        post(IndexReady(count))
+    post(IndexReady(count))
 
 
 class SharedReader:
@@ -100,18 +99,16 @@ def scan(shared: SharedReader, post: Post, cancelled: Callable[[], bool], stall_
         return
     finally:
         sys.setswitchinterval(switch_interval)
-    if not cancelled():  # a cancelled scan is partial, and of a rank no longer shown or a closing app
-        post(ScanDone(result))
+    post(ScanDone(result))
 
 
-def filter_passes(flt: PassFilter, inputs: FilterInputs, post: Post, cancelled: Callable[[], bool]) -> None:
+def filter_passes(flt: PassFilter, inputs: FilterInputs, post: Post) -> None:
     try:
         rows = apply_filter(flt, inputs)
     except (ValueError, SchedtraceError) as exc:
         post(WorkerFailed("filter", str(exc)))
         return
-    if not cancelled():  # a newer filter replaced this one
-        post(FilterReady(flt, rows))
+    post(FilterReady(flt, rows))
 
 
 def rid_pass_numbers(shared: SharedReader, rid: str, span: RidSpan | None,
@@ -142,7 +139,7 @@ def load_request(shared: SharedReader, rid: str, span: RidSpan | None, passes: i
 
 
 def build_charts(shared: SharedReader, scan: ScanResult, marks: Marks, width: int, plot_height: int,
-                 post: Post, request: object) -> None:
+                 post: Post) -> None:
     from schedtrace.tui.widgets.plots import canvas_columns, kv_image, queue_image  # imports plotext
 
     try:
@@ -152,7 +149,7 @@ def build_charts(shared: SharedReader, scan: ScanResult, marks: Marks, width: in
         post(WorkerFailed("charts", str(exc)))
         return
     if data is not None:
-        post(ChartsReady(data, kv_image(data, width, plot_height), queue_image(data, width, plot_height), request))
+        post(ChartsReady(data, kv_image(data, width, plot_height), queue_image(data, width, plot_height)))
 
 
 def compare(ranks: RankSet, post: Post, cancelled: Callable[[], bool]) -> None:
