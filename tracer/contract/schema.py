@@ -7,7 +7,9 @@ Fields are only ever appended, with defaults: a reader ignores trailing
 fields it does not know and fills missing trailing ones from defaults.
 docs/trace-format.md is the prose version of this file; keep them in step.
 
-No record holds prompt text or token ids: only rids, lengths and counts.
+No record holds prompt text or token ids: only rids, lengths and counts, and
+a request's prefix identity as keyed block hashes (``Arrival.prefix_ids``)
+whose key is never written.
 """
 
 from __future__ import annotations
@@ -110,6 +112,12 @@ class Header(_Record, tag="header"):
     # The scheduler ran sglang's overlap loop (event_loop_overlap): its enable_overlap, one pipeline
     # stage, no PD multiplexing. None: not recorded (older traces; replay infers it from the passes).
     overlap_schedule: bool | None = None
+    # Tokens per block of ``Arrival.prefix_ids`` (the page size, or PREFIX_BLOCK_TOKENS on
+    # page size 1); 0: the recorder wrote no prefix ids (older traces).
+    prefix_block: int = 0
+    # Every other setting sglang's scheduling code reads, by its sglang name: ``ServerArgs``
+    # fields and environment settings (tracer/recorder/settings.py lists them). {}: older traces.
+    settings: dict[str, int | float | str | bool | None] = {}
 
 
 # --- pass (one scheduling pass that could admit work) -------------------------
@@ -214,6 +222,11 @@ class Pass(_Record, tag="pass"):
     new_chunked_rid: str | None
     batch_is_full_out: bool
     error: str | None = None  # exception raised by the pass: "Type: message"
+    # The order SchedulePolicy.calc_priority left the queue in, as runs (start, count) over
+    # ``waiting`` (PassDelta's run form); None: the order at entry, or calc_priority did not run.
+    order: list[int] | None = None
+    # Scheduler.processed_tokens_counter at pass entry (hrrn's clock); None: not recorded.
+    processed_tokens: int | None = None
 
 
 # --- events ----------------------------------------------------------------
@@ -226,6 +239,14 @@ class Arrival(_Record, tag="arrive"):
     max_new_tokens: int
     priority: int | None = None
     ignore_eos: bool = False
+    # Prefix identity: 8 bytes per block of ``Header.prefix_block`` input tokens (the last block
+    # may be partial), each a keyed hash chained over every block before it, so equal prefixes
+    # within one run have equal ids (tracer/contract/prefix_ids.py). b"": not recorded.
+    prefix_ids: bytes = b""
+    # Scheduler.processed_tokens_counter when the request was queued (hrrn's arrival stamp).
+    processed_tokens: int | None = None
+    # The request's routing key as one keyed hash (routing-key policy); None: it had none.
+    routing_key: int | None = None
 
 
 class Finish(_Record, tag="finish"):
@@ -346,6 +367,8 @@ class PassDelta(_Record, tag="delta"):
     new_chunked_rid: str | None
     batch_is_full_out: bool
     error: str | None = None
+    order: list[int] | None = None
+    processed_tokens: int | None = None
 
 
 Record = Union[
