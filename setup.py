@@ -1,8 +1,9 @@
 """Maps the project's folders under one ``schedtrace`` namespace.
 
-``tracer/``, ``replay/`` and ``tui/`` install as ``schedtrace.tracer``,
-``schedtrace.replay`` and ``schedtrace.tui``, so nothing schedtrace installs
-can shadow, or be shadowed by, the PyPI projects named tracer, replay or tui.
+``tracer/``, ``arms/``, ``replay/`` and ``tui/`` install as ``schedtrace.tracer``,
+``schedtrace.arms``, ``schedtrace.replay`` and ``schedtrace.tui``, so nothing
+schedtrace installs can shadow, or be shadowed by, the PyPI projects named
+tracer, replay or tui.
 Everything else about the distribution is in pyproject.toml.
 """
 
@@ -11,6 +12,7 @@ from setuptools import find_packages, setup
 FOLDERS = {
     "schedtrace": "schedtrace",
     "schedtrace.tracer": "tracer",
+    "schedtrace.arms": "arms",
     "schedtrace.replay": "replay",
     "schedtrace.tui": "tui",
 }

@@ -276,8 +276,8 @@ def run_bisect(
     ``executor``, the open-loop pass ranges and each size's fix subsets run as its tasks."""
     from schedtrace.replay.driver import PassDriver
     from schedtrace.replay.engine import check_variants, opened
-    from schedtrace.replay.fixes import FIX_NAMES
-    from schedtrace.replay.patching import sglang_version
+    from schedtrace.arms.fixes import FIX_NAMES
+    from schedtrace.arms.patching import sglang_version
 
     if stall_passes < 1:
         raise UsageError("--stall-passes must be at least 1")

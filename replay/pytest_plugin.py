@@ -2,7 +2,7 @@
 
 ``SCHEDTRACE_FIXES=latch python -m pytest test_x.py`` runs the test against
 sglang with the ``latch`` fix applied, through the same call a live server
-makes (``schedtrace.replay.variants.install_fixes_from_env``), before any test
+makes (``schedtrace.arms.variants.install_fixes_from_env``), before any test
 module is collected. ``schedtrace repro`` verifies the tests it emits this
 way: once on stock, once per fix.
 
@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     value = os.environ.get(_FIXES_ENV, "").strip()
     if not value:
         return
-    from schedtrace.replay.variants import install_fixes_from_env, parse_variant
+    from schedtrace.arms.variants import install_fixes_from_env, parse_variant
     from schedtrace.tracer.contract.errors import SchedtraceError
     from schedtrace.tracer.contract.names import FIXED
 
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from schedtrace.replay.sglang_env import ensure_sglang_importable
 
     ensure_sglang_importable()  # applying a fix imports sglang; sgl_kernel needs libcuda
-    from schedtrace.replay.patching import EditStatus, sglang_version
+    from schedtrace.arms.patching import EditStatus, sglang_version
 
     try:
         statuses = install_fixes_from_env()

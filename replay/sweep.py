@@ -129,7 +129,7 @@ def run_sweep(
 ) -> SweepReport:
     """Every arm's closed loop in every cell of ``grid`` (``sweep_grid.parse_grid``)."""
     from schedtrace.replay.engine import check_variants
-    from schedtrace.replay.patching import sglang_version
+    from schedtrace.arms.patching import sglang_version
 
     if not arms:
         raise UsageError("give at least one arm")

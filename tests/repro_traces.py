@@ -36,7 +36,7 @@ def header(
     disable_radix_cache: bool = False,
     mamba_chunk_grid: int = 1,
 ) -> Header:
-    from schedtrace.replay.patching import sglang_version as installed
+    from schedtrace.arms.patching import sglang_version as installed
 
     return builders.header(
         sglang_version=sglang_version or installed(),

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from schedtrace.replay import variants
-from schedtrace.replay.fixes import FIX_NAMES, FIXES
-from schedtrace.replay.patching import EditStatus, Fix, SourceEdit, check_one_edit_per_function, prepare
+from schedtrace.arms import variants
+from schedtrace.arms.fixes import FIX_NAMES, FIXES
+from schedtrace.arms.patching import EditStatus, Fix, SourceEdit, check_one_edit_per_function, prepare
 from schedtrace.tracer.contract.errors import FixMismatchError, UsageError
 
 # The one heavy import: everything below is the real sglang 0.5.23 code.

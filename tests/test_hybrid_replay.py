@@ -22,7 +22,7 @@ from test_hybrid_record import HybridRig, prompt, read  # noqa: E402  (imports s
 from schedtrace.replay.closed_loop import _check_totals, run_arms
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.engine import replay_trace
-from schedtrace.replay.fixes import FIX_NAMES
+from schedtrace.arms.fixes import FIX_NAMES
 from schedtrace.replay.loop_pools import LoopPools
 from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, to_pass
 from schedtrace.tracer.contract import builders

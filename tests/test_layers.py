@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"schedtrace": "schedtrace", "tracer": "schedtrace.tracer", "replay": "schedtrace.replay", "tui": "schedtrace.tui"}
+FOLDERS = {"schedtrace": "schedtrace", "tracer": "schedtrace.tracer", "arms": "schedtrace.arms",
+           "replay": "schedtrace.replay", "tui": "schedtrace.tui"}
 
 # room -> the rooms it may import (its own is always allowed). Longest prefix wins.
 ROOMS: dict[str, set[str]] = {
@@ -22,15 +23,17 @@ ROOMS: dict[str, set[str]] = {
     "schedtrace.tracer.kernel_stub": set(),
     "schedtrace.tracer.recorder": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
     "schedtrace.tracer.export": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
+    # The arms (built-in fixes, user diffs, switching them): below everything that runs sglang.
+    "schedtrace.arms": {"schedtrace.tracer.contract"},
     "schedtrace.tracer.sandbox": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis",
-                                  "schedtrace.tracer.kernel_stub"},
+                                  "schedtrace.tracer.kernel_stub", "schedtrace.arms"},
     "schedtrace.replay": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis",
-                          "schedtrace.tracer.kernel_stub"},
+                          "schedtrace.tracer.kernel_stub", "schedtrace.arms"},
     # The sglang entry point: the one place that reaches the recorder and the live fixes.
     "schedtrace.tracer.plugin": {"schedtrace.tracer.contract", "schedtrace.tracer.recorder",
-                                 "schedtrace.tracer.export", "schedtrace.replay.variants"},
+                                 "schedtrace.tracer.export", "schedtrace.arms"},
     "schedtrace.tui": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis", "schedtrace.replay",
-                       "schedtrace.tracer.export"},
+                       "schedtrace.tracer.export", "schedtrace.arms"},
     "schedtrace.cli": {"schedtrace"},  # the top: anything
     "schedtrace": set(),  # the namespace package itself
 }
@@ -104,5 +107,8 @@ def test_the_checker_catches_an_upward_edge(tmp_path: Path) -> None:
     """The rule itself can fail: the contract importing the replayer is refused."""
     assert not allowed("schedtrace.tracer.contract", "schedtrace.replay.engine")
     assert not allowed("schedtrace.tracer.recorder", "schedtrace.replay.driver")
-    assert allowed("schedtrace.tracer.plugin", "schedtrace.replay.variants")
+    assert allowed("schedtrace.tracer.plugin", "schedtrace.arms.variants")
+    assert not allowed("schedtrace.tracer.plugin", "schedtrace.replay.variants")  # the old upward edge
     assert not allowed("schedtrace.tracer.plugin", "schedtrace.replay.engine")
+    assert not allowed("schedtrace.arms", "schedtrace.replay.driver")
+    assert not allowed("schedtrace.arms", "schedtrace.tracer.recorder")

@@ -22,7 +22,7 @@ import pytest
 
 from schedtrace.cli import PROG, run
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.fixes import FIX_NAMES
+from schedtrace.arms.fixes import FIX_NAMES
 from schedtrace.replay.repro.ddmin import ddmin, round_values_below, shrink_int
 from schedtrace.replay.repro.pipeline import Verdict, build
 from schedtrace.replay.repro.probe import Oracle, Probe

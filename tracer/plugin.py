@@ -6,7 +6,7 @@ scheduler, detokenizer) and then ``HookRegistry.apply_hooks()``.
 Environment (names and defaults: ``schedtrace.tracer.contract.names``):
 
 * ``SCHEDTRACE_FIXES`` -- install the named scheduler fixes
-  (``schedtrace.replay.variants.install_fixes_from_env``) before anything else;
+  (``schedtrace.arms.variants.install_fixes_from_env``) before anything else;
 * ``SCHEDTRACE_DIR`` -- record: without it no recorder hook is installed. A
   directory that cannot hold files is reported here, in one line, and the
   variable is removed from this process's environment, so the processes
@@ -72,7 +72,7 @@ def register() -> None:
 
 def _install_fixes() -> None:
     try:
-        from schedtrace.replay.variants import install_fixes_from_env
+        from schedtrace.arms.variants import install_fixes_from_env
     except ImportError as exc:
         logger.warning("schedtrace: %s is set but fixes cannot be loaded: %s", FIXES_ENV, exc)
         return

@@ -21,11 +21,11 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from schedtrace.replay.fixes import FIXES
-from schedtrace.replay.patching import sglang_version
+from schedtrace.arms.fixes import FIXES
+from schedtrace.arms.patching import sglang_version
 from schedtrace.replay.repro import scaffold
 from schedtrace.replay.repro.target import Divergent
-from schedtrace.replay.variants import parse_variant
+from schedtrace.arms.variants import parse_variant
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.names import split_error
 from schedtrace.tracer.contract.report import Decision

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.fixes import FIX_NAMES
+from schedtrace.arms.fixes import FIX_NAMES
 from schedtrace.replay.hybrid import FULL, pool_family
 from schedtrace.replay.repro.emit import Case, emit_module, expected_to_pass
 from schedtrace.replay.repro.probe import Oracle, Probe
 from schedtrace.replay.repro.shrink import describe, shrink_aiter, shrink_pass
 from schedtrace.replay.repro.target import Divergent, find_divergences
 from schedtrace.replay.repro.verify import FAILED, PASSED, Run, run_variants
-from schedtrace.replay.variants import parse_variant, variant_label
+from schedtrace.arms.variants import parse_variant, variant_label
 from schedtrace.tracer.contract.errors import ReproError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import STOCK

@@ -30,7 +30,7 @@ from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.pass_clock import DEFAULT_PASS_NS
 from schedtrace.replay.repro.ddmin import ddmin
 from schedtrace.replay.repro.shrink import inputs_only
-from schedtrace.replay.variants import parse_variant, variant_label
+from schedtrace.arms.variants import parse_variant, variant_label
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.names import STOCK
@@ -162,7 +162,7 @@ def predict_stall(path: Path, case: StallCase, variants: list[str]) -> dict[str,
 
 def emit_stall_module(case: StallCase, found: MinimalTrace, trace_name: str) -> str:
     """The text of the closed-loop test for the minimal trace ``trace_name`` beside it."""
-    from schedtrace.replay.patching import sglang_version
+    from schedtrace.arms.patching import sglang_version
     from schedtrace.replay.repro.emit import lit, paragraph
 
     s = case.finding.stall

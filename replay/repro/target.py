@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from schedtrace.replay.bisect import fix_subsets
 from schedtrace.replay.differ import divergence_kinds
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.fixes import FIX_NAMES
+from schedtrace.arms.fixes import FIX_NAMES
 from schedtrace.replay.repro.probe import Oracle, Subject
-from schedtrace.replay.variants import parse_variant, variant_label
+from schedtrace.arms.variants import parse_variant, variant_label
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader

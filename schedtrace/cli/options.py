@@ -61,7 +61,7 @@ class Variant(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         # variants parses names only; it imports no sglang (tests/test_cli.py checks).
-        from schedtrace.replay.variants import parse_variant
+        from schedtrace.arms.variants import parse_variant
 
         try:
             parse_variant(value)

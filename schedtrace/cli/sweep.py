@@ -51,7 +51,7 @@ def _grid(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 
 
 def _arms(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
-    from schedtrace.replay.variants import parse_variant  # names only, no sglang
+    from schedtrace.arms.variants import parse_variant  # names only, no sglang
 
     arms = [a.strip().replace(ARM_JOIN, ",") for a in value.split(",")]
     if "" in arms:
