@@ -110,3 +110,30 @@ def test_bisect_json_round_trips(tmp_path):
     trace = latch_reproduction(tmp_path / "latch.trace")
     report = run_bisect(trace, modes=("open-loop",))
     assert json.loads(dump_bisect(report))["version"] == 1
+
+
+def test_open_loop_mode_says_nothing_of_the_closed_loop(tmp_path, capsys):
+    trace = latch_reproduction(tmp_path / "latch.trace")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bisect", str(trace), "--mode", "open-loop"])
+    assert exit_info.value.code == 1
+    printed = capsys.readouterr().out
+    assert "open-loop: 1 stock stall" in printed
+    assert "closed-loop" not in printed and "closed loop" not in printed
+
+
+def test_closed_loop_stalls_are_shown_at_their_recorded_pass(capsys):
+    """The lpm sample's one-pass latch stall is recorded pass 867; the closed loop counts the idle
+    passes too (its step 291405), and the table names the recorded pass, the step beside it."""
+    from pathlib import Path
+
+    sample = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bisect", str(sample), "--stall-passes", "1", "--mode", "closed-loop"])
+    assert exit_info.value.code == 1
+    printed = capsys.readouterr().out
+    (row,) = [line.split() for line in printed.splitlines() if "(admitted)" in line]
+    onset, passes, _head, diverged, _kinds, fix, step = row
+    assert (onset, passes, diverged, fix) == ("867", "1", "867", "latch")
+    assert int(step) > 867  # the loop step counts the idle passes the recording only counted
+    assert "open-loop" not in printed
