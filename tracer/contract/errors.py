@@ -20,6 +20,7 @@ code 2; anything else is a bug and keeps its traceback.
     ├── ExportError                     an exporter could not deliver
     │   └── EndpointUnreachableError    retried within its bound, then gave up
     ├── UsageError                      bad options that click itself cannot see
+    │   └── ArmPatchError               a user arm (diff or edits module) does not apply to the installed sglang
     └── TraceWriteError                 also an OSError: a write did not reach the file
                                         (for the recorder's writer thread, not the user)
 """
@@ -148,3 +149,11 @@ class EndpointUnreachableError(ExportError):
 
 class UsageError(SchedtraceError):
     pass
+
+
+class ArmPatchError(UsageError):
+    """A user arm that does not apply: ``arm`` (its file), ``where`` (the sglang file and hunk or edit)."""
+
+    def __init__(self, arm: str, where: str, detail: str) -> None:
+        self.arm, self.where, self.detail = arm, where, detail
+        super().__init__(f"{arm}: {where}: {detail}" if where else f"{arm}: {detail}")

@@ -53,6 +53,12 @@ STOCK: Final = "stock"
 FIXED: Final = "fixed"
 
 # A stall: at least this many consecutive recorded passes that admit nothing
+# A user arm is a file: a unified diff of sglang's python/ tree, or a module of source edits
+# (schedtrace.arms.user). Reports name it FILE@HASH: its file name and the first
+# ARM_DIGEST_CHARS hex digits of its content's sha256.
+ARM_DIGEST_CHARS: Final = 12
+ARM_FILES_ENV: Final = "SCHEDTRACE_ARM_FILES"  # the arm files a process loaded, for the processes it starts
+BUILTIN_DIFF: Final = "builtin-fixes.diff"  # the four fixes as one diff, shipped in schedtrace.arms
 # although a slot is free and the head fits (tracer.analysis.stalls).
 DEFAULT_STALL_PASSES: Final = 8
 
