@@ -24,10 +24,11 @@ from schedtrace.tracer.analysis.summary import summarize
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 
-from loop_traces import latch_reproduction
+from loop_traces import LATCH_PASSES, latch_reproduction
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "traces" / "kv-pressure-lpm-24k.trace"  # a recorded overload (traces/README.md)
+KIMI = REPO / "traces" / "hybrid-mamba-kimi.trace"  # format v2, framed; mamba state slots, no DP
 WIDTH = 80
 # Runs `schedtrace ARGS`, then says on a last stdout line whether sglang was imported.
 PROBE = (
@@ -139,14 +140,33 @@ def test_every_stall_threshold_is_one_option_with_one_default():
     assert set(COMMANDS) >= {"info", "replay", "bisect", "export"}
 
 
-def test_info_and_replay_agree_on_the_sample_at_their_defaults(capsys):
-    """info's old default (100 passes) hid stalls replay's (8) showed: one default now."""
-    assert run(["info", str(SAMPLE), "--json", "-"]) == 0
+def test_info_and_replay_agree_on_stalls_at_their_defaults(trace, capsys):
+    """info's old default (100 passes) hid stalls replay's (8) showed: one default now. The latch trace
+    stalls for LATCH_PASSES, between the two, and replays faithfully, so both must list that stall.
+    (A synthetic trace's planted stalls would not do: its decisions are not sglang's, so replay differs.)"""
+    assert DEFAULT_STALL_PASSES <= LATCH_PASSES < 100
+    assert run(["info", str(trace), "--json", "-"]) == 0
     info_stalls = json.loads(capsys.readouterr().out)["anomalies"]["stalls_while_kv_free"]
-    assert run(["replay", str(SAMPLE), "--json", "-"]) == 0
-    replay_stalls = json.loads(capsys.readouterr().out)["stalls"]["stock"]
-    assert [(s["first_pass"], s["passes"]) for s in info_stalls] == [
-        (s["start_pass"], s["passes"]) for s in replay_stalls]
+    assert run(["replay", str(trace), "--json", "-"]) == 0
+    replay = json.loads(capsys.readouterr().out)
+    assert replay["fidelity"]["matched"] == replay["fidelity"]["total"]
+    replay_stalls = replay["stalls"]["stock"]
+    assert [(s["first_pass"], s["passes"]) for s in info_stalls] == [(0, LATCH_PASSES)]
+    assert [(s["start_pass"], s["passes"]) for s in replay_stalls] == [(0, LATCH_PASSES)]
+
+
+def test_the_stall_rule_is_said_in_the_same_words_everywhere(trace, capsys):
+    from schedtrace.tracer.analysis.stalls import STALL_RULE
+
+    def flat(text: str) -> str:
+        return " ".join(text.split())
+
+    for name in ("info", "replay", "bisect", "export", "tui", "sweep", "repro"):
+        assert run([name, "--help"]) == 0
+        assert STALL_RULE in flat(capsys.readouterr().out), name
+    assert STALL_RULE in flat("\n".join(info_lines(trace)))
+    for doc in ("otel.md", "replay-report.md", "closed-loop.md"):
+        assert STALL_RULE.replace("(sglang's own admission check)", "") in flat((REPO / "docs" / doc).read_text()), doc
 
 
 def test_min_run_stays_a_hidden_deprecated_alias(trace, capsys):
@@ -171,14 +191,6 @@ def test_json_means_a_path_with_dash_for_stdout_in_every_command(trace, tmp_path
         captured = capsys.readouterr()
         assert json.loads(captured.out) == json.loads(out.read_bytes()), command
         assert not list(tmp_path.glob("*.partial"))
-
-
-def test_info_and_replay_agree_on_stalls(trace, capsys):
-    assert run(["info", str(trace), "--json", "-"]) == 0
-    info_stalls = json.loads(capsys.readouterr().out)["anomalies"]["stalls_while_kv_free"]
-    assert run(["replay", str(trace), "--json", "-"]) == 0
-    replay_stalls = json.loads(capsys.readouterr().out)["stalls"]["stock"]
-    assert info_stalls and [s["first_pass"] for s in info_stalls] == [s["start_pass"] for s in replay_stalls]
 
 
 def test_plural():
@@ -235,3 +247,37 @@ def test_activity_draws_only_on_a_terminal():
             activity.phase("importing sglang")
             activity.passes("replaying")(3, 10)
         assert ("importing sglang" in out.getvalue()) is terminal
+
+
+def info_lines(trace: Path) -> list[str]:
+    from schedtrace.cli.info import render
+
+    with TraceReader(trace, skip_damaged=True) as reader:
+        summary = summarize(reader)
+    console = Console(width=200, record=True, file=io.StringIO())
+    render(summary, console)
+    return console.export_text().splitlines()
+
+
+def test_info_counts_every_lost_record_under_the_holes(tmp_path):
+    """The lost-records row counts the records the unreadable regions lost too, not only loss records."""
+    damaged = bytearray(KIMI.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # a framed v2 trace: the batch there fails its checksum
+    bad = tmp_path / "bad.trace"
+    bad.write_bytes(bytes(damaged))
+    lines = info_lines(bad)
+    (holes,) = [line for line in lines if line.startswith("holes:")]
+    lost = int(holes.split()[1].replace(",", ""))
+    assert lost > 0
+    (row,) = [line.split() for line in lines if line.startswith("lost records")]
+    assert row[2] == f"{lost:,}"
+
+
+def test_info_names_state_slots_and_no_dp_rank_on_the_kimi_sample():
+    lines = info_lines(KIMI)
+    allocs = [line for line in lines if "mamba_alloc" in line]
+    assert allocs and all(" state slot" in line and "token" not in line for line in allocs)
+    (where,) = [line for line in lines if line.startswith("host ")]
+    assert "tp rank 0, part 0" in where and "dp rank" not in where  # the header's dp_rank is null
+    with TraceReader(KIMI) as reader:
+        assert reader.header.dp_rank is None

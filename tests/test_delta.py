@@ -438,3 +438,24 @@ def test_convert_refuses_a_damaged_source_and_an_existing_destination(tmp_path: 
     with pytest.raises(TraceDamagedError):
         convert_trace(damaged, dest)
     assert not dest.exists()
+
+
+def test_convert_to_version_1_and_back_says_which_way_the_size_went(tmp_path: Path, capfd) -> None:
+    from schedtrace.cli import run
+    from schedtrace.cli.convert import size_change
+
+    kimi = FCFS_SAMPLE.parent / "hybrid-mamba-kimi.trace"  # recorded as v2
+    v1, v2 = tmp_path / "v1.trace", tmp_path / "v2.trace"
+    assert run(["convert", str(kimi), str(v1), "--to-version", "1"]) == 0
+    said = capfd.readouterr().out
+    assert "(v1, " in said and "x larger" in said and "smaller" not in said  # v1 writes every pass whole
+    assert run(["convert", str(v1), str(v2), "--to-version", "2"]) == 0
+    said = capfd.readouterr().out
+    assert "(v2, " in said and "x smaller" in said
+    with TraceReader(kimi) as source, TraceReader(v1) as one, TraceReader(v2) as two:
+        assert (one.header.schema_version, two.header.schema_version) == (1, 2)
+        assert list(one.passes()) == list(two.passes()) == list(source.passes())
+        assert set(stored_tags(v1)) == {"pass"} and "delta" in stored_tags(v2)
+    assert run(["convert", str(kimi), str(tmp_path / "v3.trace"), "--to-version", "3"]) == 2
+    assert "--to-version" in capfd.readouterr().err
+    assert [size_change(100, n) for n in (25, 100, 360)] == ["4.0x smaller", "the same size", "3.6x larger"]

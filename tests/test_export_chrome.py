@@ -194,6 +194,35 @@ def test_missing_trace_and_bad_options_exit_2(tmp_path):
     assert done.returncode == 2 and "--endpoint" in done.stderr
 
 
+def test_another_traces_report_is_refused_in_one_line_and_exit_2(synthetic, tmp_path):
+    """A report names its trace by fingerprint; one from another trace is refused before any output,
+    and one without a fingerprint is still refused when it names passes the trace does not have."""
+    import msgspec
+
+    from schedtrace.tracer.contract.report import dump_report
+
+    trace, report_path = synthetic
+    other = tmp_path / "other.trace"
+    generate(other, 600, seed=5)
+    with TraceReader(other) as reader:
+        other_print = reader.fingerprint()
+    stamped = tmp_path / "stamped.json"
+    stamped.write_bytes(dump_report(msgspec.structs.replace(load_report(report_path), trace_fingerprint=other_print)))
+    for report, expected in ((stamped, "fingerprints differ"), (report_path, "passes")):
+        out = tmp_path / "out.json"
+        done = run_cli("export", str(trace if report is stamped else other), "--format", "chrome", "-o", str(out),
+                       "--report", str(report))
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("schedtrace: error: ") and str(report) in line and expected in line
+        assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    with TraceReader(trace) as reader:  # its own trace's fingerprint: accepted
+        own = tmp_path / "own.json"
+        own.write_bytes(dump_report(msgspec.structs.replace(load_report(report_path),
+                                                            trace_fingerprint=reader.fingerprint())))
+    _export(trace, tmp_path / "ok.json", "--report", str(own))
+
+
 # --- several ranks on one timeline ------------------------------------------------
 
 MS = 1_000_000

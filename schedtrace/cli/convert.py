@@ -28,7 +28,15 @@ def convert(source: Path, dest: Path, version: int) -> None:
     if dest.exists() or dest.is_symlink():
         raise UsageError(f"{dest}: already exists (convert never overwrites a file)")
     done = convert_trace(source, dest, version=version)
-    ratio = done.source_bytes / max(done.dest_bytes, 1)
     click.echo(f"{source} (v{done.source_version}, {done.source_bytes:,} bytes) -> {dest} "
-               f"(v{done.version}, {done.dest_bytes:,} bytes, {ratio:.1f}x smaller): "
+               f"(v{done.version}, {done.dest_bytes:,} bytes, {size_change(done.source_bytes, done.dest_bytes)}): "
                f"{done.passes:,} passes, {done.keyframes:,} written whole")
+
+
+def size_change(before: int, after: int) -> str:
+    """``9.1x smaller``, ``3.6x larger`` or ``the same size``: the new size against the old."""
+    if after == before:
+        return "the same size"
+    if after < before:
+        return f"{before / max(after, 1):.1f}x smaller"
+    return f"{after / max(before, 1):.1f}x larger"

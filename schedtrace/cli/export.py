@@ -36,9 +36,11 @@ def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, out
     (--format chrome) or an OpenTelemetry collector (--format otlp).
 
     Without --report, chrome marks the stalls of the recorded decisions
-    (--stall-passes); with it, the report's own stalls and divergences.
+    (--stall-passes); with it, the report's own stalls and divergences. A
+    report made from another trace is refused.
     """
     from schedtrace.tracer.contract.report import load_report
+    from schedtrace.tracer.contract.report_check import check_report
 
     if fmt == "chrome" and endpoint:
         raise UsageError("--endpoint applies to --format otlp only")
@@ -50,6 +52,8 @@ def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, out
             raise UsageError(f"--report covers one rank; these files hold {len(ranks)} "
                              f"({', '.join(r.label for r in ranks)}): choose one with --rank")
         report = load_report(report_path) if report_path else None
+        if report is not None:  # another trace's report is refused, in one line (exit 2), before any output
+            check_report(report, ranks[0], report_path)
         if fmt == "chrome":
             _export_chrome(ranks, output, report, stall_passes)
         else:

@@ -18,6 +18,7 @@ from schedtrace.cli.holes import print_holes
 from schedtrace.cli.options import chosen_ranks, json_option, stall_passes_option, damaged_traces_argument
 from schedtrace.cli.per_rank import write_reports
 from schedtrace.cli.style import compact_table, plural
+from schedtrace.tracer.analysis.stalls import STALL_RULE
 from schedtrace.tracer.analysis.summary import summarize
 from schedtrace.tracer.contract.report import Holes
 from schedtrace.tracer.contract.traceset import TraceSet
@@ -42,21 +43,31 @@ def _file_state(summary: dict[str, Any]) -> str:
     return "NOT closed cleanly (no torn tail)"
 
 
+def _lost(summary: dict[str, Any]) -> str:
+    """Every record lost: in unreadable regions and counted by loss records (the holes above)."""
+    holes = _holes(summary)
+    if not holes.count:
+        return str(summary["lost"])
+    return f"{holes.records_lost:,}{' or more' if holes.unknown_regions else ''} (holes above)"
+
+
 def _anomalies(a: dict[str, Any], console: Console) -> None:
     console.print("[bold]anomalies[/bold]")
     console.print(f"  failed allocations: {a['failed_allocs']}")
     for f in a["failed_alloc_list"]:
-        console.print(f"    after pass {f['pass_seq']}: {f['op']} {f['requested']} tokens, "
+        unit = f.get("unit", "tokens").removesuffix("s")  # a summary from before the field: KV tokens
+        console.print(f"    after pass {f['pass_seq']}: {f['op']} {plural(f['requested'], unit)}, "
                       f"available {f['available']} + evictable {f['evictable']}")
     console.print(f"  exceptions: {a['exceptions']}")
     for e in a["exception_list"]:
         where = f"pass {e['seq']}" if e["kind"] == "pass" else f"hook {e['hook']}"
         console.print(f"    {where}: {e['message']}")
     stalls = a["stalls_while_kv_free"]
-    title = f"  stalls while a slot and KV were free (at least {plural(a['stall_passes'], 'pass')}): {len(stalls)}"
-    console.print(title)
+    from rich.padding import Padding
+
+    console.print(f"  stalls: {len(stalls)}, each at least {plural(a['stall_passes'], 'pass')} where")
+    console.print(Padding(STALL_RULE, (0, 0, 0, 4), expand=False), highlight=False)
     if stalls:
-        from rich.padding import Padding
 
         table = compact_table(("from pass", "passes", "head", "KV free"), shrink=("head",))
         for s in stalls:
@@ -86,7 +97,8 @@ def render(summary: dict[str, Any], console: Console) -> None:
                       + ", ".join(summary["parts"][1:]))
     console.print(f"model {h['model']}")
     console.print(f"sglang {h['sglang_version']}, schedtrace {h['schedtrace_version']}")
-    console.print(f"host {h['host']}, pid {h['pid']}, tp rank {h['tp_rank']}, dp rank {h['dp_rank'] or 0}, "
+    dp = "" if h["dp_rank"] is None else f", dp rank {h['dp_rank']}"  # null: no DP attention
+    console.print(f"host {h['host']}, pid {h['pid']}, tp rank {h['tp_rank']}{dp}, "
                   f"part {h['part']} from pass {h['first_pass']}")
     args = compact_table(("server arg", "value"), shrink=("value",))
     for key, value in h["server_args"].items():
@@ -102,7 +114,7 @@ def render(summary: dict[str, Any], console: Console) -> None:
     counts.add_row("requests (arrivals)", str(summary["requests"]))
     for tag, n in summary["events"].items():
         counts.add_row(f"  {tag} records", str(n))
-    counts.add_row("lost records", str(summary["lost"]))
+    counts.add_row("lost records", _lost(summary))
     if summary["unknown_records"]:
         counts.add_row("unknown records", ", ".join(f"{k}: {v}" for k, v in summary["unknown_records"].items()))
     console.print(counts)
@@ -120,7 +132,7 @@ def render(summary: dict[str, Any], console: Console) -> None:
 def info(traces: TraceSet, rank: str | None, run_id: str | None, json_out: str | None, stall_passes: int) -> None:
     """Summarize each rank of TRACE... (files, globs or directories; a rank's parts read as one):
     header, counts, idle passes, losses, truncation, the pools of a hybrid model, and anomalies
-    (failed allocations, exceptions, stalls while KV was free)."""
+    (failed allocations, exceptions, stalls: see --stall-passes)."""
     with traces:
         run, ranks = chosen_ranks(traces, rank, run_id)
         summaries = {r.label: summarize(r, stall_passes) for r in ranks}

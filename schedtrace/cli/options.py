@@ -29,6 +29,7 @@ import click
 import msgspec
 from click.core import ParameterSource
 
+from schedtrace.tracer.analysis.stalls import STALL_RULE
 from schedtrace.tracer.contract.errors import SchedtraceError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, RAY_ADDRESS_ENV, STOCK
@@ -55,19 +56,24 @@ class TraceFile(click.ParamType):
 
 
 class Variant(click.ParamType):
-    """An arm: ``stock``, ``fixed``, a fix name or a comma list of fixes."""
+    """An arm: ``stock``, ``fixed``, a fix name, a user arm file (a .diff/.patch of sglang's python/
+    tree, or an edits .py) or a comma list of them; converted to its canonical spelling, each file
+    named by its label ``FILE@HASH`` (the name reports carry)."""
 
     name = "arm"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        # variants parses names only; it imports no sglang (tests/test_cli.py checks).
-        from schedtrace.arms.variants import parse_variant
+        # variants reads names and checks arm files against sglang's source text; it imports no
+        # sglang (tests/test_cli.py checks). A file that does not apply is one line, exit 2.
+        from schedtrace.arms.variants import canonical_variant
+        from schedtrace.tracer.contract.errors import ArmPatchError
 
         try:
-            parse_variant(value)
+            return canonical_variant(value)
+        except ArmPatchError:
+            raise
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
-        return value
 
 
 TRACE = TraceFile()
@@ -139,7 +145,8 @@ def old_new_options(old: str | None = STOCK, new: str | None = FIXED, why: str =
         f = click.option("--new", type=VARIANT, default=new, show_default=new is not None,
                          help=f"The arm compared with the baseline{why}.")(f)
         return click.option("--old", type=VARIANT, default=old, show_default=old is not None,
-                            help=f"The baseline arm{why}: stock, fixed, a fix or a comma list.")(f)
+                            help=f"The baseline arm{why}: stock, fixed, a fix, a .diff/.patch or edits .py file, "
+                            "or a comma list.")(f)
     return decorate
 
 
@@ -163,8 +170,7 @@ def stall_passes_option(*deprecated: str) -> Callable[[F], F]:
     def decorate(f: F) -> F:
         f = click.option("--stall-passes", type=click.IntRange(min=1), default=DEFAULT_STALL_PASSES,
                          metavar="N", show_default=True, callback=_stall_passes,
-                         help="A stall: this many consecutive passes (repeats counted) that admit nothing "
-                         "although a request slot is free and the head request fits in free + evictable KV.")(f)
+                         help=f"A stall: this many consecutive passes (repeats counted) where {STALL_RULE}.")(f)
         for name in deprecated:
             # Eager, so it is seen before --stall-passes whatever the order on the command line.
             f = click.option(name, type=click.IntRange(min=1), default=None, hidden=True, is_eager=True,

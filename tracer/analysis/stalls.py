@@ -27,11 +27,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from schedtrace.tracer.analysis.admission import HeadCheck, ServerConfig, head_check
 from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.contract.report import Decision, Stall
 from schedtrace.tracer.contract.schema import Pass
+
+# The rule in words, as every command's --help, ``info`` and the docs say it: a stall is a run of
+# at least --stall-passes passes (folded repeats counted) where this holds.
+STALL_RULE: Final = ("requests wait and nothing is admitted (no request, no chunk), although a request slot "
+                     "is free and the head request fits in free + evictable KV minus the running requests' "
+                     "decode reservation (sglang's own admission check)")
 
 
 def _fixed_check(p: Pass, config: ServerConfig) -> HeadCheck | None:

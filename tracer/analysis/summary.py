@@ -12,9 +12,10 @@ Anomalies:
 
 * failed allocation: an ``alloc`` record with ``ok`` false;
 * exception: a pass with ``error`` set, or a ``hook_error`` record;
-* stall: at least ``stall_passes`` consecutive passes (repeats counted) that
-  admitted nothing and ran no chunk although a request slot was free and the
-  head of the waiting queue fit in free + evictable KV
+* stall: at least ``stall_passes`` consecutive passes (repeats counted) where
+  ``stalls.STALL_RULE`` holds: requests wait and nothing is admitted (no
+  request, no chunk), although a request slot is free and the head request
+  fits in free + evictable KV minus the running requests' decode reservation
   (``schedtrace.tracer.analysis.stalls`` holds the one definition).
 """
 
@@ -27,7 +28,7 @@ import msgspec
 
 from schedtrace.tracer.analysis.decision import recorded_decision
 from schedtrace.tracer.analysis.holes import holes_of
-from schedtrace.tracer.analysis.pools import UNITS, PoolCounts, limiting_pool, pool_counts
+from schedtrace.tracer.analysis.pools import FULL, MAMBA, UNITS, PoolCounts, limiting_pool, pool_counts
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
@@ -38,6 +39,8 @@ from schedtrace.tracer.contract.traceset import RankTrace, source_paths
 Reader = TraceReader | RankTrace
 
 MAX_LISTED: Final = 20  # anomalies listed per kind (all are counted)
+# The pool an ``Alloc.op`` draws from, where it is not the full KV pool (whose unit is tokens).
+ALLOC_POOLS: Final = {"mamba_alloc": MAMBA}
 
 
 def stall_row(reader: Reader, stall: Stall) -> dict[str, Any]:
@@ -157,7 +160,7 @@ def summarize(reader: Reader, stall_passes: int = DEFAULT_STALL_PASSES) -> dict[
             anomalies.failed_alloc({
                 "offset": offset, "pass_seq": record.pass_seq, "op": record.op,
                 "requested": record.requested, "available": record.available,
-                "evictable": record.evictable,
+                "evictable": record.evictable, "unit": UNITS[ALLOC_POOLS.get(record.op, FULL)],
             })
         elif kind is HookError:
             anomalies.exception({"kind": "hook", "hook": record.hook, "offset": offset,
