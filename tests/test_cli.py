@@ -83,10 +83,13 @@ def trace(tmp_path_factory) -> Path:
         (["replay", "{trace}", "--stall-passes", "0"], ["--stall-passes", "0"]),
         (["info", "{trace}", "--json", "{trace}"], ["--json", "refusing to overwrite"]),
         (["tui", "{trace}", "--old", "fixed,nope"], ["--old", "'nope'"]),
+        (["replay", "{trace}", "--json", "{dir}/missing-dir/x.json"], ["--json", "no such directory"]),
+        (["bisect", "{trace}", "--json", "{dir}/missing-dir/x.json"], ["--json", "no such directory"]),
         (["nope"], ["No such command 'nope'"]),
     ],
     ids=["missing-file", "bad-arm", "unknown-option", "directory", "extra-argument", "bad-choice",
-         "bad-range", "json-onto-trace", "tui-bad-arm", "unknown-command"],
+         "bad-range", "json-onto-trace", "tui-bad-arm", "replay-json-no-folder", "bisect-json-no-folder",
+         "unknown-command"],
 )
 def test_bad_input_fails_fast_in_one_line_without_sglang(trace, tmp_path, args, expected):
     # A directory is a trace set now (its *.trace files): one that is itself a directory is refused.
@@ -222,6 +225,15 @@ def test_replay_and_closed_loop_summary_fit_80_columns(trace, tmp_path, capsys):
     assert max(len(line) for line in printed) <= WIDTH
     rows = [line.split() for line in printed if line.startswith(("stock ", "latch,one-chunk "))]
     assert len(rows) == 2 and all(len(row) == 8 for row in rows)  # each arm on one line, nothing cut
+    # The self-check's errors are percentages, and a short recorded wait shows its passes too.
+    assert "wait error p50 0.0% (0 → 0 passes), p90 0.0% (0 → 0 passes)" in " ".join(printed)
+
+
+def test_a_wait_error_is_a_percentage_with_the_passes_beside_a_short_wait():
+    from schedtrace.cli.replay import SMALL_WAIT, wait_error
+
+    assert wait_error(1 / 3, 3, 4) == "33.3% (3 → 4 passes)"
+    assert wait_error(0.05, SMALL_WAIT * 20, SMALL_WAIT * 21) == "5.0%"
 
 
 @pytest.mark.parametrize("which", ["sample", "latch"])

@@ -194,6 +194,11 @@ def _json_target(ctx: click.Context, param: click.Parameter, value: str | None) 
         return value
     if Path(value).is_dir():
         raise click.BadParameter(f"{value} is a directory, expected a file", ctx, param)
+    folder = Path(value).parent  # checked now: a replay would find it out only after importing sglang
+    if not folder.is_dir():
+        raise click.BadParameter(f"{value}: no such directory {folder}", ctx, param)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{value}: cannot write into {folder}", ctx, param)
     try:
         TraceReader(value).close()
     except SchedtraceError:

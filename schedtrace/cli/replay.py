@@ -46,6 +46,9 @@ def _fidelity(report: Report, console: Console) -> None:
     style = "green" if fid.matched == fid.total else "red"
     present = " over the passes present" if report.holes.count else ""  # the holes are listed above
     console.print(f"fidelity ({fid.arm} vs recording): [{style}]{fid.matched}/{fid.total}[/]{present}")
+    if fid.order_total:
+        style = "green" if fid.order_matched == fid.order_total else "red"
+        console.print(f"queue order matched: [{style}]{fid.order_matched}/{fid.order_total}[/]")
     for m in fid.mismatches[:MAX_MISMATCHES_SHOWN]:
         console.print(f"  pass {m.pass_}: {', '.join(m.fields)}")
     if len(fid.mismatches) > MAX_MISMATCHES_SHOWN:
@@ -112,9 +115,19 @@ def self_check_table(check: SelfCheck):
     return table
 
 
+SMALL_WAIT = 10  # passes: a recorded wait below this prints its passes beside the relative error
+
+
+def wait_error(error: float, recorded: int, loop: int) -> str:
+    """``0.0%``, or ``33.3% (3 → 4 passes)`` where the recorded wait is short enough that a ratio misleads."""
+    passes = f" ({recorded} → {loop} passes)" if recorded < SMALL_WAIT else ""
+    return f"{error:.1%}{passes}"
+
+
 def _self_check(check: SelfCheck, console: Console) -> None:
     console.print(self_check_table(check))
-    console.print(f"  wait error p50 {check.wait_error_p50:.2f}, p90 {check.wait_error_p90:.2f} over "
+    console.print(f"  wait error p50 {wait_error(check.wait_error_p50, check.recorded_wait_p50, check.loop_wait_p50)}, "
+                  f"p90 {wait_error(check.wait_error_p90, check.recorded_wait_p90, check.loop_wait_p90)} over "
                   f"{plural(check.requests, 'request')}; completion order of {check.finished} finished: "
                   f"{check.order_agreement:.0%} of pairs agree, tau-b {check.kendall_tau:.2f}")
 
