@@ -293,3 +293,57 @@ def test_info_names_state_slots_and_no_dp_rank_on_the_kimi_sample():
     assert "tp rank 0, part 0" in where and "dp rank" not in where  # the header's dp_rank is null
     with TraceReader(KIMI) as reader:
         assert reader.header.dp_rank is None
+
+
+def test_ray_missing_is_one_line_naming_the_extra():
+    """Here, not in test_ray.py (skipped without ray): ray is hidden from the import where it is installed."""
+    from schedtrace.replay.ray_executor import INSTALL_HINT
+
+    done = probe("replay", str(KIMI), "--ray", blocked="ray")
+    assert_one_error_line(done, INSTALL_HINT)
+    assert done.stdout.splitlines()[-1] == "sglang imported: False"
+
+
+def test_address_needs_ray():
+    done = probe("replay", str(KIMI), "--address", "127.0.0.1:1")
+    assert_one_error_line(done, "--address")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["sandbox", "--model", "nope"], ["--model", "'nope'", "llama"]),
+        (["sandbox", "--tp", "3"], ["--tp", "3"]),
+        (["sandbox", "--port", "0"], ["--port", "0"]),
+        (["sandbox", "--trace-dir", "{file}/traces"], ["{file}/traces", "cannot create the trace directory"]),
+        (["demo", "--prompts", "0"], ["--prompts", "0"]),
+        (["demo", "--model", "nope"], ["--model", "'nope'"]),
+        (["demo", "--dp", "5"], ["--dp", "5"]),
+        (["demo", "--out", "{file}/demo"], ["{file}/demo/traces", "cannot create the trace directory"]),
+    ],
+    ids=["sandbox-model", "sandbox-tp", "sandbox-port", "sandbox-trace-dir", "demo-prompts", "demo-model",
+         "demo-dp", "demo-out"],
+)
+def test_sandbox_and_demo_refuse_a_bad_option_before_any_server_starts(tmp_path, args, expected):
+    """`make demo` is the README's first command: a bad option is one line and exit 2, no server."""
+    blocker = tmp_path / "a-file"  # a directory cannot be made under a file
+    blocker.write_text("")
+    done = probe(*(a.format(file=blocker) for a in args))
+    assert_one_error_line(done, *(e.format(file=blocker) for e in expected))
+    assert "starting sglang" not in done.stderr + done.stdout
+    assert done.stdout.splitlines()[-1] == "sglang imported: False"
+
+
+def test_sandbox_lists_its_models_and_exits_0():
+    done = probe("sandbox", "--list-models")
+    assert done.returncode == 0, done.stderr
+    assert all(name in done.stdout for name in ("llama", "hybrid-mamba", "hybrid-gdn", "hybrid-swa"))
+
+
+def test_fail_on_stall_trips_on_a_stall_of_the_new_arm_only(trace, capsys):
+    """The latch trace stalls under stock for LATCH_PASSES passes; the fixed logic admits at once."""
+    assert run(["replay", str(trace), "--fail-on", "stall"]) == 0  # new arm fixed: no stall
+    assert "tripped" not in capsys.readouterr().err
+    assert run(["replay", str(trace), "--old", "fixed", "--new", "stock", "--fail-on", "stall"]) == 1
+    assert "schedtrace: --fail-on stall: tripped" in capsys.readouterr().err
+    assert run(["replay", str(trace), "--old", "fixed", "--new", "stock", "--fail-on", "none"]) == 0

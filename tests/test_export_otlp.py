@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -118,10 +117,8 @@ def test_every_rank_is_sent_with_its_own_resource(tmp_path, receiver):
 def test_unreachable_endpoint_retries_within_its_bound_then_exits_2(tmp_path):
     trace = write_small_trace(tmp_path / "t.trace")
     url = f"http://127.0.0.1:{closed_port()}"
-    started = time.monotonic()
     done = run_cli("export", str(trace), "--format", "otlp", "--endpoint", url, "--timeout", "2",
-                   timeout=HANG_BOUND_S)
-    assert time.monotonic() - started < HANG_BOUND_S
+                   timeout=HANG_BOUND_S)  # a hang is a failure (TimeoutExpired), not a measured time
     assert done.returncode == 2
     assert "unreachable" in done.stderr and url in done.stderr
     assert "Traceback" not in done.stderr

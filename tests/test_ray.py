@@ -33,11 +33,10 @@ from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.report import dump_report, dump_sweep
 
 from loop_traces import latch_reproduction
-from test_cli import assert_one_error_line
 from test_cli_tracesets import split_into_parts
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed (CLI error checked in test_cli_without_ray)")
-from schedtrace.replay.ray_executor import INSTALL_HINT, RayExecutor  # noqa: E402
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (its absence: test_cli.py, test_ray_missing_*)")
+from schedtrace.replay.ray_executor import RayExecutor  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 SHORT = TRACES / "hybrid-mamba-kimi.trace"  # 305 passes
@@ -266,20 +265,3 @@ def test_ctrl_c_cancels_every_task(cluster, tmp_path, by_value):
         time.sleep(0.5)
     assert ray.available_resources().get("CPU", 0) == total_cpus
     assert not list(tmp_path.glob("finished-*"))
-
-
-# ----------------------------------------------------------- without ray
-
-
-def test_cli_without_ray_names_the_extra(tmp_path):
-    """With ray not importable (sys.modules["ray"] = None, Python's own block), --ray is one line, exit 2."""
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "from schedtrace.cli import run\n"
-            f"sys.exit(run(['replay', {str(SHORT)!r}, '--ray']))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert_one_error_line(done, "pip install 'schedtrace[ray]'")
-    assert INSTALL_HINT in done.stderr
-
-
-def test_address_needs_ray():
-    assert _cli("replay", str(SHORT), "--address", "127.0.0.1:1") == 2

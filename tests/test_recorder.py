@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import generate, random_input_ids
 
+from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.recorder.hooks import make_hooks
 from schedtrace.tracer.recorder.lifecycle import Recorder
@@ -135,6 +136,24 @@ WRITER_SCRIPT = textwrap.dedent(
 )
 
 
+KILL_AFTER_RECORDS = 20_000  # the kill comes once the disk holds this many (the writer submits on)
+WRITTEN_BOUND_S = 120  # a writer that never gets there fails the test: a hang guard, not a figure
+
+
+def wait_for_records(path: Path, count: int) -> int:
+    """Read the growing file until it holds ``count`` arrivals (or the bound passes); the count seen."""
+    seen, deadline = 0, time.monotonic() + WRITTEN_BOUND_S
+    while seen < count and time.monotonic() < deadline:
+        try:
+            with TraceReader(path, skip_damaged=True) as reader:  # a batch being written reads as a torn tail
+                seen = sum(1 for _, r in reader.records() if isinstance(r, Arrival))
+        except (FileNotFoundError, SchedtraceError):
+            pass  # not created yet, or its header not yet written
+        if seen < count:
+            time.sleep(0.05)
+    return seen
+
+
 def test_kill9_keeps_every_written_record(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER_SCRIPT, str(tmp_path)],
@@ -142,7 +161,8 @@ def test_kill9_keeps_every_written_record(tmp_path: Path) -> None:
     )
     try:
         assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.3)
+        on_disk = wait_for_records(tmp_path / "killed.part000.trace", KILL_AFTER_RECORDS)
+        assert on_disk >= KILL_AFTER_RECORDS, f"only {on_disk} records reached the disk while the writer ran"
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -151,7 +171,7 @@ def test_kill9_keeps_every_written_record(tmp_path: Path) -> None:
         assert not reader.closed_cleanly
         rids = [r.rid for _, r in reader.records() if isinstance(r, Arrival)]
         end = reader.truncated_at
-    assert len(rids) >= 20000
+    assert len(rids) >= KILL_AFTER_RECORDS
     assert rids == [f"r{i}" for i in range(len(rids))]  # no gap, no reordering
     # Tear the last record as a crash mid-write would: the prefix still reads.
     data = path.read_bytes()[: (end or path.stat().st_size) - 3]
