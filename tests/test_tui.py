@@ -89,6 +89,33 @@ async def test_n_and_N_walk_the_divergences(trace):
         assert app.query_one(PassList).selected_pass == passes[0] == app.detail_pass
 
 
+def notices(app: TraceApp) -> list[str]:
+    return [notification.message for notification in app._notifications]
+
+
+async def test_n_past_the_last_divergence_and_N_before_the_first_stay_and_say_so(trace):
+    app = make_app(trace)
+    passes = sorted(d.pass_ for d in load_report(trace[1]).divergences)
+    assert 0 < passes[0] and len(passes) > 1  # a pass before the first to stand on
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("N")  # at pass 0, before the first
+        await pilot.pause()
+        assert app.selected == 0 and "No earlier divergence." in notices(app)
+        await pilot.press("n")
+        assert app.selected == passes[0]
+        await pilot.press("N")  # on the first one
+        await pilot.pause()
+        assert app.selected == passes[0] and notices(app).count("No earlier divergence.") == 2
+        app.select_pass(passes[-1])
+        await pilot.press("n")  # on the last one
+        await pilot.pause()
+        assert app.selected == passes[-1] and "No later divergence." in notices(app)
+        await pilot.press("N")
+        assert app.selected == passes[-2]
+        assert app.query_one(PassList).selected_pass == passes[-2] == app.detail_pass
+
+
 async def test_stall_and_error_keys(trace):
     app = make_app(trace)
     report = load_report(trace[1])
