@@ -35,7 +35,8 @@ ROOMS: dict[str, set[str]] = {
     "schedtrace.tui": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis", "schedtrace.replay",
                        "schedtrace.tracer.export", "schedtrace.arms"},
     "schedtrace.cli": {"schedtrace"},  # the top: anything
-    "schedtrace": set(),  # the namespace package itself
+    # The package itself: the public API (docs/api.md), names imported on first use from the bottom rooms.
+    "schedtrace": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
 }
 
 
