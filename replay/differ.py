@@ -38,5 +38,10 @@ def fidelity_fields(recorded: Decision, replayed: Decision) -> list[str]:
     return out
 
 
+def order_matches(recorded: Decision, replayed: Decision) -> bool:
+    """calc_priority left the queue in the recorded order (a pass that raised compares too)."""
+    return recorded.queue_order == replayed.queue_order
+
+
 def aiter_fidelity_fields(recorded_method: str, replayed: Decision) -> list[str]:
     return [] if recorded_method == replayed.aiter_method else ["aiter_method"]

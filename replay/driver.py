@@ -68,11 +68,13 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
-from schedtrace.replay.requests import ReqCache, TokenSource, chunked_req, running_req, waiting_req
+from schedtrace.replay.requests import ArrivalBook, ReqCache, TokenSource, chunked_req, running_req, waiting_req
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.names import STOCK, error_text  # "Type: message", as the recorder writes Pass.error
-from schedtrace.tracer.contract.schema import Aiter, Header, Pass
+from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
+from schedtrace.tracer.contract.order import OrderError, order_indexes, order_runs
+from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass
 
 _LOCK = threading.RLock()
 
@@ -184,16 +186,22 @@ class PassDriver:
         self._ScheduleBatch = ScheduleBatch
         self._PrefillAdder = PrefillAdder
         slots = capacity.request_slots(header)
-        self._config = _PublishedConfig(
-            {
-                # The real Scheduler sets this default from its max_running_requests (pp_size 1).
-                "pp_max_micro_batch_size": capacity.max_running(header),
-                "schedule_policy": args.schedule_policy,
-                "page_size": self.page_size,
-                "enable_priority_scheduling": args.enable_priority_scheduling,
-                "disable_radix_cache": args.disable_radix_cache,
-            }
-        )
+        settings = header.settings
+        low_first = bool(settings.get("schedule_low_priority_values_first", False))
+        config = {
+            # The real Scheduler sets this default from its max_running_requests (pp_size 1).
+            "pp_max_micro_batch_size": capacity.max_running(header),
+            "schedule_policy": args.schedule_policy,
+            "page_size": self.page_size,
+            "enable_priority_scheduling": args.enable_priority_scheduling,
+            "disable_radix_cache": args.disable_radix_cache,
+            "schedule_low_priority_values_first": low_first,
+        }
+        if settings.get("prefill_max_requests") is not None:
+            config["prefill_max_requests"] = settings["prefill_max_requests"]
+        self._config = _PublishedConfig(config)
+        # Module constants sglang read from the environment at import, as the server had them.
+        self._constants = _recorded_constants(settings)
         layout = header.pools
         if family == MAMBA:
             self.req_slots = RecordedHybridReqSlots(slots, layout.mamba_size or 0)
@@ -217,15 +225,47 @@ class PassDriver:
                 self.tree_cache,
                 enable_hierarchical_cache=False,
                 enable_priority_scheduling=args.enable_priority_scheduling,
-                schedule_low_priority_values_first=False,
+                schedule_low_priority_values_first=low_first,
             )
+        # calc_priority's order is a decision output (Decision.queue_order); under ``random``
+        # it is the recorded one (Pass.order), since the draw cannot be made again.
+        self._random = args.schedule_policy == "random"
+        self.policy.calc_priority = self._calc_priority
+        self._order: list[int] | None = None
+        self._recorded_order: list[int] | None = None
         self.scheduler = self._new_scheduler()
         grid = self.mamba_chunk_grid
         self._grid_lookup = lambda: grid
         exact = header.exact_chunk_fill
         self._exact_fill_lookup = lambda: exact
         self._stop_init_new = classmethod(_stop_init_new)
-        self._reqs = ReqCache()  # Reqs reused across passes (schedtrace.replay.requests)
+        self.book = ArrivalBook(header.prefix_block)  # each live request's prefix ids (note)
+        self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
+        self._sort_randomly = staticmethod(self._recorded_shuffle)
+
+    def note(self, record: Arrival | Finish) -> None:
+        """An arrival's prefix ids, kept until its finish: the requests' shared prefixes."""
+        if type(record) is Arrival:
+            self.book.note(record)
+        else:
+            self.book.forget(record.rid)
+
+    def _calc_priority(self, waiting_queue: list, *args: Any, **kwargs: Any) -> None:
+        entry = list(waiting_queue)
+        type(self.policy).calc_priority(self.policy, waiting_queue, *args, **kwargs)
+        if waiting_queue == entry:
+            self._order = None
+        else:
+            at = {id(req): i for i, req in enumerate(entry)}
+            self._order = order_runs([at[id(req)] for req in waiting_queue])
+
+    def _recorded_shuffle(self, waiting_queue: list) -> None:
+        """``SchedulePolicy._sort_randomly`` in replay: the recorded draw."""
+        try:
+            order = order_indexes(self._recorded_order, len(waiting_queue))
+        except OrderError as exc:
+            raise ReplayStateError(f"random policy: the recorded order is damaged: {exc}") from None
+        waiting_queue[:] = [waiting_queue[i] for i in order]
 
     # ------------------------------------------------------------------ setup
 
@@ -293,7 +333,7 @@ class PassDriver:
             waiting, running = self._reqs.reqs(p)
             tokens = self._reqs.tokens
         else:
-            tokens = TokenSource()
+            tokens = TokenSource(book=self.book)
             waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
             running = [running_req(tokens, r) for r in p.running]
         chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
@@ -324,9 +364,12 @@ class PassDriver:
             s.waiting_queue = waiting
             s.chunked_req = chunked
             s.chunked_prefill_size = p.chunked_prefill_size
+            s.processed_tokens_counter = p.processed_tokens or 0
             s.new_token_ratio_tracker = _Ratio(p.new_token_ratio)
             self._adder = None
             self._chunk_budget = None
+            self._order = None
+            self._recorded_order = self.tree_cache.recorded_order = p.order
             admitted_reqs: list | None = None
             error: str | None = None
             ScheduleBatch = self._ScheduleBatch
@@ -341,6 +384,11 @@ class PassDriver:
             policy_module.mamba_prefill_chunk_grid = self._grid_lookup
             policy_module._use_exact_chunk_fill = self._exact_fill_lookup
             ScheduleBatch.init_new = self._stop_init_new
+            policy_class = type(self.policy)
+            if self._random:
+                original_shuffle = policy_class.__dict__["_sort_randomly"]
+                policy_class._sort_randomly = self._sort_randomly
+            saved_constants = _swap_constants(self._constants)
             try:
                 s._get_new_batch_prefill_raw(None, batch)
                 admitted_reqs = []  # returned before building a batch: nothing admitted
@@ -349,6 +397,9 @@ class PassDriver:
             except Exception as exc:  # the real code raised: that is the arm's outcome
                 error = error_text(exc)
             finally:
+                _swap_constants(saved_constants)
+                if self._random:
+                    policy_class._sort_randomly = original_shuffle
                 ScheduleBatch.init_new = original_init_new
                 policy_module.mamba_prefill_chunk_grid = original_grid
                 policy_module._use_exact_chunk_fill = original_exact_fill
@@ -380,6 +431,7 @@ class PassDriver:
             batch_is_full=bool(batch.batch_is_full) if error is None else False,
             over_ask=self._over_ask(admitted_reqs),
             error=error,
+            queue_order=self._order,
         )
 
     def _over_ask(self, admitted_reqs: list) -> int:
@@ -419,6 +471,30 @@ class PassDriver:
             finally:
                 pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph = saved
         return method.name
+
+
+def _recorded_constants(settings: dict[str, Any]) -> list[tuple[Any, str, Any]]:
+    """(module, constant, recorded value) for each import-time setting the server had otherwise."""
+    import importlib
+
+    out = []
+    for env_name, (module_name, attr) in MODULE_SETTINGS.items():
+        if env_name not in settings:
+            continue
+        module = importlib.import_module(module_name)
+        value = settings[env_name]
+        if hasattr(module, attr) and getattr(module, attr) != value:
+            out.append((module, attr, value))
+    return out
+
+
+def _swap_constants(constants: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """Set each constant; returns what restores them (empty when the server's are this process's)."""
+    previous = []
+    for module, attr, value in constants:
+        previous.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, value)
+    return previous
 
 
 class _Ratio:

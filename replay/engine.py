@@ -40,7 +40,7 @@ import msgspec
 
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
 from schedtrace.tracer.analysis.holes import holes_warning, scan_holes
-from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields
+from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields, order_matches
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.executor import Executor, LocalExecutor, TraceFiles, local_paths, trace_files
 from schedtrace.replay.hybrid import fix_notes
@@ -50,7 +50,7 @@ from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK,
 from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.schema import Aiter, Pass
+from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Pass
 from schedtrace.tracer.contract.traceset import RankTrace, open_traceset, source_paths
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,9 @@ TraceSource = str | os.PathLike[str] | RankTrace
 Reader = TraceReader | RankTrace
 ProgressCallback = Callable[[int, int], None]  # (pass records done, total)
 DivergenceCallback = Callable[[Divergence], None]
+
+NO_PREFIX_IDS = ("the trace holds no prefix ids (an older recorder): requests share no prefixes in replay, "
+                 "and cache-aware queue orders are not checked")
 
 # Below this many pass records a worker pool costs more than it saves.
 MIN_PASSES_PER_JOB = 2000
@@ -82,6 +85,8 @@ class _Chunk(msgspec.Struct):
     aiter_events: int = 0
     matched: int = 0
     total: int = 0
+    order_matched: int = 0
+    order_total: int = 0
     mismatches: list[Mismatch] = []
     divergences: list[Divergence] = []
     errors_old: list[ArmError] = []
@@ -139,10 +144,16 @@ class _Replayer:
             recorded = recorded_decision(record)
             fields = fidelity_fields(recorded, old)
             chunk.total += 1
+            if not fields:
+                chunk.matched += 1
+            if self.driver.header.prefix_block:  # a recorder that records the order
+                chunk.order_total += 1
+                if order_matches(recorded, old):
+                    chunk.order_matched += 1
+                else:
+                    fields.append("queue_order")
             if fields:
                 chunk.mismatches.append(Mismatch(pass_=record.seq, fields=fields, recorded=recorded, replayed=old))
-            else:
-                chunk.matched += 1
         if old.error is not None:
             chunk.errors_old.append(ArmError(pass_=record.seq, error=old.error))
         if new.error is not None:
@@ -221,15 +232,27 @@ def reopened(paths: tuple[str, ...]) -> Iterator[Reader]:
 
 
 def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | None, on_pass: Callable[[], None] | None = None) -> None:
-    """Replay the records from byte offset ``start`` up to (not including) ``stop``."""
-    for offset, record in reader.records(start):
+    """Replay the records from byte offset ``start`` up to (not including) ``stop``.
+
+    Arrivals and finishes feed the driver's prefix ids; a range that starts
+    later reads them from the start of the trace (its passes' requests may have
+    arrived long before)."""
+    note = replayer.driver.note
+    prescan = start > 0 and replayer.driver.book.block > 0
+    for offset, record in reader.records(0 if prescan else start):
         if stop is not None and offset >= stop:
             break
-        if type(record) is Pass:
+        kind = type(record)
+        if kind is Arrival or kind is Finish:
+            note(record)
+            continue
+        if offset < start:
+            continue
+        if kind is Pass:
             replayer.on_pass(record)
             if on_pass is not None:
                 on_pass()
-        elif type(record) is Aiter:
+        elif kind is Aiter:
             replayer.on_aiter(record)
 
 
@@ -259,6 +282,8 @@ def _merge(chunks: list[_Chunk]) -> _Chunk:
         out.aiter_events += c.aiter_events
         out.matched += c.matched
         out.total += c.total
+        out.order_matched += c.order_matched
+        out.order_total += c.order_total
         out.mismatches += c.mismatches
         out.divergences += c.divergences
         out.errors_old += c.errors_old
@@ -302,6 +327,8 @@ def replay_trace(
             message = f"trace recorded with sglang {header.sglang_version}, replaying with {installed}"
             warnings.append(message)
             logger.warning("%s: %s", name, message)
+        if not header.prefix_block:
+            warnings.append(NO_PREFIX_IDS)
         total = reader.pass_count  # one scan of an unclosed file; finds a torn tail
         fingerprint = reader.fingerprint()
         done = 0
@@ -366,7 +393,8 @@ def replay_trace(
         passes=result.passes,
         truncated_at=truncated_at,
         unknown_records=unknown,
-        fidelity=Fidelity(arm=old, matched=result.matched, total=result.total, mismatches=result.mismatches),
+        fidelity=Fidelity(arm=old, matched=result.matched, total=result.total, mismatches=result.mismatches,
+                          order_matched=result.order_matched, order_total=result.order_total),
         divergences=result.divergences,
         stalls=stalls,
         errors=errors,

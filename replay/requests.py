@@ -13,8 +13,13 @@ itself keeps the same object alive:
   built for an identical row is reused until a pass admits it (or the
   pass raises); admitted Reqs were changed by admission and are dropped.
 
-Token ids come from one ``TokenSource`` for the cache's life, so every rid
-keeps one distinct id and reused and new Reqs never share a prefix.
+Token ids come from one ``TokenSource`` for the cache's life. A request
+whose arrival recorded prefix ids gets, for each block, one token value per
+distinct id (``Arrival.prefix_ids``), so requests share exactly the blocks
+they shared in the recording and sglang's own radix trees (the in-batch
+check's, dfs-weight's) match them as the server did; the rest of a request
+(its output, and any request without ids) is one token of its own, shared
+with no other request.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from schedtrace.tracer.contract.errors import ReplayStateError
-from schedtrace.tracer.contract.schema import ChunkedReq, Pass, RunningReq, WaitingReq
+from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES
+from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Pass, RunningReq, WaitingReq
 
 # Row index given to the in-flight chunked request: it already holds a
 # req_to_token row; the number itself is never read.
@@ -41,16 +47,52 @@ _HELD_ROW = 0
 
 
 @dataclass
-class TokenSource:
-    """Dummy token ids: one distinct id per request, so no two share a prefix.
+class ArrivalBook:
+    """What each live request's ``Arrival`` recorded beyond its row, from ``note`` until its
+    ``Finish`` (``forget``): its prefix ids, hrrn's arrival stamp and its routing key's id."""
 
-    Traces hold lengths, never token ids; an id of its own per request keeps
+    block: int  # Header.prefix_block; 0: the trace has no ids
+    prefixes: dict[str, bytes] = field(default_factory=dict)
+    stamps: dict[str, int] = field(default_factory=dict)
+    routing: dict[str, str] = field(default_factory=dict)
+
+    def note(self, arrival: Arrival) -> None:
+        rid = arrival.rid
+        if self.block > 0 and arrival.prefix_ids:
+            self.prefixes[rid] = arrival.prefix_ids
+        if arrival.processed_tokens is not None:
+            self.stamps[rid] = arrival.processed_tokens
+        if arrival.routing_key is not None:
+            self.routing[rid] = str(arrival.routing_key)
+
+    def forget(self, rid: str) -> None:
+        self.prefixes.pop(rid, None)
+        self.stamps.pop(rid, None)
+        self.routing.pop(rid, None)
+
+    def stamp(self, req: Req) -> Req:
+        """Set what the arrival recorded on a fresh ``Req``."""
+        rid = req.rid
+        req.arrival_processed_tokens = self.stamps.get(rid, 0)
+        req.routing_key = self.routing.get(rid)
+        return req
+
+
+@dataclass
+class TokenSource:
+    """Dummy token ids: per block of recorded prefix ids one value per distinct id, else
+    one value per request, so requests share the prefixes they shared and no others.
+
+    Traces hold lengths, never token ids; a value of its own per request keeps
     the waiting-queue prefix matching of cache-aware policies from inventing
-    shared prefixes the recording never had.
+    shared prefixes the recording never had. A block's value is its id's first
+    7 bytes past ``vocab``, so it never meets a request's own value and needs
+    no table.
     """
 
     vocab: int = 30000
     ids: dict[str, int] = field(default_factory=dict)
+    book: ArrivalBook = field(default_factory=lambda: ArrivalBook(0))
 
     def token_for(self, rid: str) -> int:
         token = self.ids.get(rid)
@@ -61,19 +103,34 @@ class TokenSource:
     def tokens(self, rid: str, n: int) -> array:
         return array("q", [self.token_for(rid)]) * n
 
+    def input_tokens(self, rid: str, n: int) -> array:
+        """The ``n`` input tokens of ``rid``: its prefix blocks' values, then its own value."""
+        book = self.book
+        data = book.prefixes.get(rid)
+        if not data:
+            return self.tokens(rid, n)
+        out = array("q")
+        block, vocab = book.block, self.vocab
+        for start in range(0, min(len(data), -(-n // block) * PREFIX_ID_BYTES), PREFIX_ID_BYTES):
+            value = vocab + int.from_bytes(data[start : start + 7], "little")
+            out.extend(array("q", [value]) * min(block, n - len(out)))
+        if len(out) < n:
+            out.extend(array("q", [self.token_for(rid)]) * (n - len(out)))
+        return out
+
 
 def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool, priority: int | None = None) -> Req:
     if input_len < 0 or output_len < 0 or max_new < 0:
         raise ReplayStateError(f"request {rid!r}: negative length in the record")
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
-    req = Req(rid, "", tokens.tokens(rid, input_len), params, priority=priority)
+    req = Req(rid, "", tokens.input_tokens(rid, input_len), params, priority=priority)
     if output_len:
         req.output_ids = tokens.tokens(rid, output_len)  # an array("q"), as sglang keeps it
     return req
 
 
 def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
-    req = _make_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority)
+    req = tokens.book.stamp(_make_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority))
     # Queue order at pass entry is the arrival order the policies tie-break on.
     req.time_stats.wait_queue_entry_time = float(order)
     if w.output_len:
@@ -83,7 +140,7 @@ def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
 
 
 def running_req(tokens: TokenSource, r: RunningReq) -> Req:
-    req = _make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos)
+    req = tokens.book.stamp(_make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos))
     req.kv.req_pool_idx = _HELD_ROW
     return req
 
@@ -105,11 +162,12 @@ class ReqCache:
 
     LIMIT = 8192  # cached Reqs before the cache starts over
 
-    def __init__(self) -> None:
+    def __init__(self, book: ArrivalBook | None = None) -> None:
+        self.book = book if book is not None else ArrivalBook(0)
         self.reset()
 
     def reset(self) -> None:
-        self.tokens = TokenSource()
+        self.tokens = TokenSource(book=self.book)
         self._running: dict[tuple, Req] = {}
         self._waiting: dict[tuple, Req] = {}
 

@@ -143,6 +143,7 @@ class PrefixNode:
     held: int = 0
     swa_share: int | None = None  # the SWA side of the same (SWA trees only)
     swa_held: int = 0
+    key: Any = None  # the RadixKey it matched (dfs-weight rebuilds the tree from these)
 
 
 class RecordedTreeCache(BasePrefixCache):
@@ -173,6 +174,7 @@ class RecordedTreeCache(BasePrefixCache):
         self.locked_by_rid: dict[str, int] = {}
         self.swa_locked_by_rid: dict[str, int] = {}
         self.nodes: dict[str, PrefixNode] = {}
+        self.recorded_order: list[int] | None = None  # the pass's Pass.order (dfs-weight's tie-break)
 
     def load(
         self,
@@ -213,7 +215,7 @@ class RecordedTreeCache(BasePrefixCache):
                 swa_share = self.swa_locked_by_rid.get(rid)
                 if swa_share is not None:
                     swa_share = min(swa_share, prefix)
-                node = PrefixNode(prefix, evictable_share=share, swa_share=swa_share)
+                node = PrefixNode(prefix, evictable_share=share, swa_share=swa_share, key=params.key)
             if rid is not None and prefix:
                 self.nodes[rid] = node
         return MatchResult(
@@ -259,6 +261,11 @@ class RecordedTreeCache(BasePrefixCache):
         node.lock_ref -= 1
         return DecLockRefResult(delta=delta)
 
+    def dfs_weight_order(self, node_handles) -> list[int]:
+        """sglang's own dfs-weight walk (``_dfs_weight_order``) over sglang's own ``RadixCache``,
+        built from the matched prefixes: the part of the server's tree the walk weighs."""
+        return dfs_weight_order(self.root_node, node_handles, self.recorded_order)
+
     def evictable_size(self) -> int:
         return self.evictable
 
@@ -297,6 +304,41 @@ class RecordedTreeCache(BasePrefixCache):
 
     def evict(self, params) -> EvictResult:
         raise ReplayStateError("replay stops before eviction")
+
+
+def dfs_weight_order(root: PrefixNode, handles: list, recorded: list[int] | None = None) -> list[int]:
+    """``BasePrefixCache.dfs_weight_order`` for ``PrefixNode`` handles: each matched prefix is
+    inserted into a simulated ``RadixCache`` and sglang's walk runs on it.
+
+    The walk breaks a tie between sibling subtrees by the order the server's tree
+    created them, history a trace does not hold; the prefixes go in in the
+    recorded order (``Pass.order``, else queue order), which makes a tie fall the
+    way the server's did, while the weights and the shape are the tree's own."""
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams, _dfs_weight_order
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    tree = RadixCache.create_simulated()
+    from schedtrace.tracer.contract.order import OrderError, order_indexes
+
+    try:
+        indexes = order_indexes(recorded, len(handles))
+    except OrderError:
+        indexes = list(range(len(handles)))
+    keys: dict[int, RadixKey] = {}
+    for node in (handles[i] for i in indexes):
+        if node is root or node.tokens == 0 or id(node) in keys:
+            continue
+        key = node.key
+        keys[id(node)] = prefix = RadixKey(key.token_ids[: node.tokens], extra_key=key.extra_key,
+                                           cache_salt=getattr(key, "cache_salt", None))
+        tree.insert(InsertParams(key=prefix, value=torch.empty(node.tokens, dtype=torch.bool)))
+    tree_nodes = {i: tree.match_prefix(MatchPrefixParams(key=k)).last_device_node for i, k in keys.items()}
+
+    def resolve(node: PrefixNode):
+        return tree_nodes.get(id(node), tree.root_node)
+
+    return _dfs_weight_order(tree.root_node, handles, resolve)
 
 
 class RecordedReqSlots:

@@ -64,6 +64,8 @@ class Limits:
     exact_fill: bool
     estimate: tuple[str, ...]  # what this mirror cannot repeat for the trace
     swa: hybrid.SwaLimits | None = None  # the SWA pool's budget (None: no SWA pool mirrored)
+    recorded_order: bool = False  # the passes hold calc_priority's order (Pass.order)
+    low_first: bool = False  # --schedule-low-priority-values-first
 
 
 def limits_of(source: ServerConfig) -> Limits:
@@ -88,6 +90,8 @@ def limits_of(source: ServerConfig) -> Limits:
         exact_fill=source.exact_chunk_fill and not (source.is_hybrid_mamba and not args.disable_radix_cache),
         estimate=hybrid.hybrid_notes(source),
         swa=hybrid.swa_limits(source),
+        recorded_order=source.prefix_block > 0,
+        low_first=bool(source.settings.get("schedule_low_priority_values_first", False)),
     )
 
 
@@ -407,7 +411,8 @@ def head_check(p: Pass, header: ServerConfig, after: list[tuple[str, int]] | Non
     """
     p = replay_inputs(p)  # this pass's prefix matches on the waiting rows
     limits = limits_of(header)
-    order, order_note = admission_order(p.waiting, limits.policy, limits.priority)
+    order, order_note = admission_order(p, limits.policy, limits.priority, recorded=limits.recorded_order,
+                                        low_first=limits.low_first)
     estimate = _pass_estimate(p, limits, order_note)
     locked = {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None}
     a = _start(p, limits)

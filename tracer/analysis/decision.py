@@ -26,6 +26,7 @@ def recorded_decision(p: Pass) -> Decision:
         new_chunked_rid=p.new_chunked_rid,
         batch_is_full=p.batch_is_full_out,
         error=p.error,
+        queue_order=p.order,
     )
 
 

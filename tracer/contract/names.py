@@ -24,6 +24,8 @@ QUEUE_ENV: Final = "SCHEDTRACE_QUEUE"
 OTEL_ENV: Final = "SCHEDTRACE_OTEL"
 # Recorder integrity and rank identity (tracer/recorder; README, "Recording on a GPU server").
 RUN_ID_ENV: Final = "SCHEDTRACE_RUN_ID"  # set by the launcher's plugin load; every rank inherits it
+# The prefix ids' secret (hex), set beside the run id and inherited the same way; never written.
+PREFIX_KEY_ENV: Final = "SCHEDTRACE_PREFIX_KEY"
 FSYNC_MS_ENV: Final = "SCHEDTRACE_FSYNC_MS"  # fsync period; 0: only at rotation and close
 CLOCK_S_ENV: Final = "SCHEDTRACE_CLOCK_S"  # Clock record period
 MAX_TOTAL_BYTES_ENV: Final = "SCHEDTRACE_MAX_TOTAL_BYTES"  # disk budget per scheduler process; 0: none
@@ -51,14 +53,14 @@ RING_MODE: Final = "ring"
 # The two named arms; a fix name or a comma list of them is an arm too.
 STOCK: Final = "stock"
 FIXED: Final = "fixed"
-
-# A stall: at least this many consecutive recorded passes that admit nothing
 # A user arm is a file: a unified diff of sglang's python/ tree, or a module of source edits
 # (schedtrace.arms.user). Reports name it FILE@HASH: its file name and the first
 # ARM_DIGEST_CHARS hex digits of its content's sha256.
 ARM_DIGEST_CHARS: Final = 12
 ARM_FILES_ENV: Final = "SCHEDTRACE_ARM_FILES"  # the arm files a process loaded, for the processes it starts
 BUILTIN_DIFF: Final = "builtin-fixes.diff"  # the four fixes as one diff, shipped in schedtrace.arms
+
+# A stall: at least this many consecutive recorded passes that admit nothing
 # although a slot is free and the head fits (tracer.analysis.stalls).
 DEFAULT_STALL_PASSES: Final = 8
 

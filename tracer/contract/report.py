@@ -42,6 +42,8 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=False):
     aiter_method: str | None = None
     over_ask: int = 0  # tokens asked beyond free + evictable (0: fits)
     error: str | None = None  # "Type: message" if the arm raised
+    # The order calc_priority left the queue in, as Pass.order's runs (None: the entry order).
+    queue_order: list[int] | None = None
 
 
 class Divergence(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):
@@ -67,6 +69,10 @@ class Fidelity(msgspec.Struct, kw_only=True):
     matched: int
     total: int
     mismatches: list[Mismatch] = []
+    # calc_priority's order against Pass.order, on the passes of a trace that records it
+    # (order_total 0: an older trace, whose cache-aware orders are not checked).
+    order_matched: int = 0
+    order_total: int = 0
 
 
 class Stall(msgspec.Struct, kw_only=True):

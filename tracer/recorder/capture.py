@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from schedtrace.tracer.contract.names import error_text
+from schedtrace.tracer.contract.order import order_runs
 from schedtrace.tracer.contract.schema import Admitted, Candidate, ChunkOutcome, Pass, Record
 from schedtrace.tracer.recorder import pools, rows
 from schedtrace.tracer.recorder.writer_thread import Deferred
@@ -44,7 +45,7 @@ class PassCapture(Deferred):
         "chunked", "chunked_prefix", "chunked_out", "batch_is_full_in",
         "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
         "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
-        "in_chunk", "budget", "events", "slots",
+        "in_chunk", "budget", "events", "slots", "order", "processed_tokens",
     )
 
     def __init__(self, scheduler: Any, running_batch: Any, t_ns: int, readers: pools.PoolReaders) -> None:
@@ -79,6 +80,8 @@ class PassCapture(Deferred):
             self.chunked_prefill_size = scheduler.chunked_prefill_size  # the sizer sizes only a chunk
         self.kv = readers.counts()
         self.req_slots_free = scheduler.req_to_token_pool.available_size()
+        self.processed_tokens = getattr(scheduler, "processed_tokens_counter", None)
+        self.order: list[int] | None = None  # entry indexes in calc_priority's order (None: unchanged)
         self.new_token_ratio = float(scheduler.new_token_ratio_tracker.current)
         # (req, prefix_len, extend_len, AddReqResult, locked_evictable, locked_swa_evictable) per add_one_req call
         self.candidates: list[tuple] = []
@@ -94,6 +97,23 @@ class PassCapture(Deferred):
         self.slots: SlotTally | None = None  # the pass's mamba state slots, from its first (in events)
 
     # --- while the pass runs ---
+
+    def sorted(self, policy: Any, queue: list) -> None:
+        """``calc_priority`` returned: keep the order it left ``queue`` in, and, where it matched
+        prefixes (sglang's own ``waiting_queue_prefix_matched``), this pass's match of each row."""
+        entry = self.waiting
+        if queue == entry:  # Req has no __eq__: an identity compare, in C
+            perm = None
+        else:
+            at = {id(req): i for i, req in enumerate(entry)}
+            perm = self.order = [at[id(req)] for req in queue]
+        if policy.waiting_queue_prefix_matched(queue):
+            prefix = self.waiting_prefix
+            if perm is None:
+                self.waiting_prefix = [req.prefix_len for req in queue]
+            else:
+                for req, i in zip(queue, perm):
+                    prefix[i] = req.prefix_len
 
     def add_chunk(self, req: Any, ran: bool) -> None:
         """The ``add_chunked_req`` call: what the budget offered the continuing chunk and what ran."""
@@ -121,7 +141,7 @@ class PassCapture(Deferred):
             self.waiting, self.waiting_prefix, self.waiting_out, self.running, self.running_out,
             self.chunked, self.chunked_prefix, self.chunked_out, self.batch_is_full_in, self.kv,
             self.req_slots_free, self.new_token_ratio, self.chunked_prefill_size,
-            self.candidates, self.batch_is_full_out, self.error,
+            self.candidates, self.batch_is_full_out, self.error, self.order, self.processed_tokens,
         )
 
     # --- writer thread ---
@@ -136,6 +156,7 @@ class PassCapture(Deferred):
             self.batch_is_full_in, pools.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
             self.chunked_prefill_size, self._candidate_rows(), self._admitted_rows(), self.chunk,
             self.new_chunked_rid, self.batch_is_full_out, self.error,
+            order_runs(self.order) if self.order is not None else None, self.processed_tokens,
         )
 
     def _candidate_rows(self) -> list[Candidate]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from schedtrace.tracer.contract.prefix_ids import block_tokens
 from schedtrace.tracer.contract.schema import SCHEMA_VERSION, Header, ServerArgs
 from schedtrace.tracer.contract.versions import installed_version
 from schedtrace.tracer.recorder import pools
 from schedtrace.tracer.recorder.ranks import read_ranks
+from schedtrace.tracer.recorder.settings import read_settings
 
 
 def server_args_row(args: Any, scheduler: Any = None) -> ServerArgs:
@@ -56,6 +58,8 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
         pools=pools.pool_layout(scheduler),
         exact_chunk_fill=pools.exact_chunk_fill(),
         overlap_schedule=_overlap_loop(scheduler, ranks["pp_size"] or 1),
+        prefix_block=block_tokens(int(getattr(scheduler, "page_size", 1) or 1)),
+        settings=read_settings(scheduler.server_args),
     )
 
 

@@ -41,14 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from schedtrace.tracer.contract.names import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, LOSS_PAUSED, error_text
-from schedtrace.tracer.contract.schema import Abort, Aiter, Arrival, Finish, HookError, Loss, Record, Retract
+from schedtrace.tracer.contract.prefix_ids import block_tokens
+from schedtrace.tracer.contract.schema import Abort, Aiter, Finish, HookError, Loss, Record, Retract
 from schedtrace.tracer.recorder import pools
+from schedtrace.tracer.recorder.arrival import ArrivalCapture
 from schedtrace.tracer.recorder.capture import PassCapture, SlotTally, finish_reason
 from schedtrace.tracer.recorder.control import ControlFile
 from schedtrace.tracer.recorder.emit import Emitter
 from schedtrace.tracer.recorder.header import header_row
 from schedtrace.tracer.recorder.lock_probe import LockProbe
-from schedtrace.tracer.recorder.naming import trace_stem
+from schedtrace.tracer.recorder.naming import ensure_prefix_key, trace_stem
 from schedtrace.tracer.recorder.policy import WriterPolicy
 from schedtrace.tracer.recorder.ranks import read_ranks
 from schedtrace.tracer.recorder.rows import alloc_row
@@ -78,6 +80,7 @@ class Recorder:
         flush_interval_s: float | None = None,
         policy: WriterPolicy | None = None,
         run_id: str = "",
+        prefix_key: bytes | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
@@ -85,6 +88,9 @@ class Recorder:
         self.flush_interval_s = flush_interval_s
         self.policy = policy or WriterPolicy()
         self.run_id = run_id
+        # The prefix ids' secret: the run's (inherited, or published here for the ranks to inherit).
+        self.prefix_key = prefix_key or ensure_prefix_key()
+        self.prefix_block = 0  # tokens per prefix id, from the attached scheduler's page size
         # Scheduler thread reads it per non-idle pass and event; the control file's poll writes it.
         self.paused: bool | str = False
         self.skipped = 0  # passes and events not recorded while paused, not yet in a Loss record
@@ -117,6 +123,7 @@ class Recorder:
         """Remember the scheduler of this process (header and KV reads); the first one stays."""
         if self.scheduler is None:
             self.scheduler = scheduler
+            self.prefix_block = block_tokens(int(getattr(scheduler, "page_size", 1) or 1))
             if self._control is not None and self.start() is not None:
                 self._control.poll(force=True)  # off from the start: not one pass recorded
 
@@ -332,11 +339,8 @@ class Recorder:
         if rid in self._live_rids:  # requeued after preemption: not a new arrival
             return
         self._live_rids.add(rid)
-        params = req.sampling_params
-        self.emit(Arrival(
-            self.now(), rid, len(req.origin_input_ids), params.max_new_tokens,
-            req.priority, bool(params.ignore_eos),
-        ))
+        self.emit(ArrivalCapture(self.now(), req, self.prefix_key, self.prefix_block,
+                                 getattr(req, "arrival_processed_tokens", None)))
 
     def on_finish(self, req: Any, reason: str | None = None) -> None:
         rid = req.rid

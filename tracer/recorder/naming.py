@@ -28,7 +28,8 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Final
 
-from schedtrace.tracer.contract.names import RUN_ID_ENV
+from schedtrace.tracer.contract.names import PREFIX_KEY_ENV, RUN_ID_ENV
+from schedtrace.tracer.contract.prefix_ids import KEY_BYTES
 from schedtrace.tracer.recorder.ranks import Ranks
 
 RUN_ID_LIMIT: Final = 64
@@ -56,9 +57,17 @@ def ensure_run_id(environ: MutableMapping[str, str] = os.environ) -> str:
     return run_id
 
 
-def current_run_id(environ: MutableMapping[str, str] = os.environ) -> str:
-    """The run id ``ensure_run_id`` published ("" if it never ran in this process tree)."""
-    return safe_name(environ.get(RUN_ID_ENV, ""), RUN_ID_LIMIT)
+def ensure_prefix_key(environ: MutableMapping[str, str] = os.environ) -> bytes:
+    """The run's prefix-id secret: the inherited (or operator-set) one, else a new one, published
+    to children like the run id. A value that is not hex of 1 to 32 bytes is replaced."""
+    try:
+        key = bytes.fromhex(environ.get(PREFIX_KEY_ENV, ""))
+    except ValueError:
+        key = b""
+    if not 0 < len(key) <= KEY_BYTES:
+        key = os.urandom(KEY_BYTES)
+        environ[PREFIX_KEY_ENV] = key.hex()
+    return key
 
 
 def trace_stem(run_id: str, ranks: Ranks, pid: int, host: str | None = None) -> str:
