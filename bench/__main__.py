@@ -24,6 +24,7 @@ BENCHES = (
     "bench.bench_size",
     "bench.bench_ring",
     "bench.bench_ray",
+    "bench.bench_hostile",
 )
 
 

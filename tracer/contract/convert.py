@@ -19,10 +19,13 @@ from typing import Final
 import msgspec
 
 from schedtrace.tracer.contract.reader import TraceReader
-from schedtrace.tracer.contract.schema import RECORD_TYPES, SCHEMA_VERSION, Idle, Loss
+from schedtrace.tracer.contract.schema import RECORD_TYPES, SCHEMA_VERSION, Idle, Loss, Pass
 from schedtrace.tracer.contract.writer import TraceWriter
 
 BATCH_RECORDS: Final = 4096  # records per write: the writer cuts them into checksummed batches of SPLIT_BYTES
+# Rows (a pass's waiting and running rows count one each) a write holds at most: rebuilt v2 passes are whole
+# lists each, so a write of many long passes would hold far more than the source's bytes.
+BATCH_ROWS: Final = 1 << 16
 
 
 class Converted(msgspec.Struct, frozen=True):
@@ -41,6 +44,7 @@ def convert_trace(source: str | os.PathLike, dest: str | os.PathLike, *, version
         writer = TraceWriter(dest, header, version=version, fsync_every_s=None)
         t_ns = idle = lost = 0
         batch: list = []
+        rows = 0
         try:
             for _, record in records:
                 t_ns = max(t_ns, getattr(record, "t_ns", 0))
@@ -49,10 +53,13 @@ def convert_trace(source: str | os.PathLike, dest: str | os.PathLike, *, version
                     idle += record.count
                 elif kind is Loss:
                     lost += record.count
+                elif kind is Pass:
+                    rows += len(record.waiting) + len(record.running)
                 batch.append(record)
-                if len(batch) >= BATCH_RECORDS:
+                if len(batch) >= BATCH_RECORDS or rows >= BATCH_ROWS:
                     writer.write_many(batch)
                     batch.clear()
+                    rows = 0
             writer.write_many(batch)
             extra = {"idle_passes": idle, "lost": lost}
             if reader.footer is not None:

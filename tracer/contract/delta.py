@@ -7,8 +7,11 @@ runs over the previous lists (schema.py), and every other field is the
 pass's own (``COPIED``).
 
 A delta is untrusted input: a run outside the previous list, a literal row
-too many or too few, or a rebuilt list longer than ``max_rows`` is a
-``DeltaError`` (the reader names the file and offset).
+too many or too few, a list that copies more rows than the previous list
+held (a list grows only by its new rows, so a few bytes cannot double it),
+a rebuilt list longer than ``max_rows``, or a rebuilt ``t_ns`` or
+``output_len`` that no record could hold is a ``DeltaError`` (the reader
+names the file and offset).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from schedtrace.tracer.contract.schema import ChunkedReq, Pass, PassDelta, Runni
 FRESH: Final = -1  # a run's start: take rows from the delta's own list
 NEAR: Final = 64  # rows past the end of the last run looked at before looking a row up by rid
 STEP_SAMPLE: Final = 5  # running requests whose advance decides the step
+# What a msgpack int can hold: a rebuilt number outside it could not have been written (nor written again).
+INT_MIN: Final = -(1 << 63)
+INT_MAX: Final = (1 << 64) - 1
 # Pass fields a delta carries as they are (the rest are seq, t_ns and the three request lists).
 COPIED: Final = (
     "dur_ns", "repeat", "idle_before", "batch_is_full_in", "kv", "req_slots_free", "new_token_ratio",
@@ -182,51 +188,154 @@ class Differ:
 # --- reading ---
 
 
-def _rows(old: list, spans: list[int], fresh: list, max_rows: int, what: str, step: int = 0) -> list:
-    if not step and not fresh and len(spans) == 2 and 0 <= spans[0] and 0 < spans[1] <= len(old) - spans[0]:
-        return old[spans[0] : spans[0] + spans[1]]  # one run, the common case (no longer than ``old``)
+def plan(old_n: int, spans: list[int], fresh_n: int, max_rows: int, what: str) -> list[tuple[int, int]]:
+    """A list's runs checked against the list before it (``old_n`` rows) and the delta's ``fresh_n`` new rows."""
     if len(spans) % 2:
         raise DeltaError(f"{what} runs are not (start, count) pairs")
-    out: list = []
-    taken = 0
-    old_n = len(old)
+    out: list[tuple[int, int]] = []
+    taken = copied = total = 0
     for k in range(0, len(spans), 2):
         start, count = spans[k], spans[k + 1]
         if count <= 0:
             raise DeltaError(f"{what} run {k // 2} has count {count}")
         if start == FRESH:
-            if taken + count > len(fresh):
-                raise DeltaError(f"{what} runs take {taken + count} new rows, the delta has {len(fresh)}")
-            out += fresh[taken : taken + count]
             taken += count
-        elif 0 <= start and start + count <= old_n:
-            if step:
-                out += [RunningReq(r.rid, r.input_len, r.output_len + step, r.max_new_tokens, r.ignore_eos)
-                        for r in old[start : start + count]]
-            else:
-                out += old[start : start + count]
-        else:
+            if taken > fresh_n:
+                raise DeltaError(f"{what} runs take {taken} new rows, the delta has {fresh_n}")
+        elif not (0 <= start and start + count <= old_n):
             raise DeltaError(f"{what} run {k // 2} copies rows {start}..{start + count} of {old_n}")
-        if len(out) > max_rows:
+        else:
+            copied += count
+            if copied > old_n:  # the writer copies each row once: a list grows only by its new rows
+                raise DeltaError(f"{what} list grows past its {old_n} rows by copies (runs copy {copied})")
+        total += count
+        if total > max_rows:
             raise DeltaError(f"{what} list grows past {max_rows} rows")
-    if taken != len(fresh):
-        raise DeltaError(f"{what} runs leave {len(fresh) - taken} of the delta's new rows unused")
+        out.append((start, count))
+    if taken != fresh_n:
+        raise DeltaError(f"{what} runs leave {fresh_n - taken} of the delta's new rows unused")
     return out
 
 
-def rebuild(old: Pass, delta: PassDelta, max_rows: int) -> Pass:
-    """The full pass ``delta`` describes, ``old`` being the pass record before it."""
+def _rows(old: list, spans: list[int], fresh: list, max_rows: int, what: str, step: int = 0) -> list:
+    if not step and not fresh and len(spans) == 2 and 0 <= spans[0] and 0 < spans[1] <= len(old) - spans[0]:
+        return old[spans[0] : spans[0] + spans[1]]  # one run, the common case (no longer than ``old``)
+    out: list = []
+    taken = 0
+    for start, count in plan(len(old), spans, len(fresh), max_rows, what):
+        if start == FRESH:
+            out += fresh[taken : taken + count]
+            taken += count
+        elif step:
+            out += _stepped(old[start : start + count], step)
+        else:
+            out += old[start : start + count]
+    return out
+
+
+_output_len = attrgetter("output_len")
+
+
+def _in_range(lo: int, hi: int, what: str) -> None:
+    if not (INT_MIN <= lo and hi <= INT_MAX):
+        raise DeltaError(f"{what} past what a record can hold")
+
+
+def _stepped(rows: list[RunningReq], step: int) -> list[RunningReq]:
+    """``rows`` with ``step`` added to each output_len, which must stay a number a record can hold."""
+    if rows:
+        _in_range(min(map(_output_len, rows)) + step, max(map(_output_len, rows)) + step,
+                  f"running step {step} takes an output_len")
+    return [RunningReq(r.rid, r.input_len, r.output_len + step, r.max_new_tokens, r.ignore_eos) for r in rows]
+
+
+def _next(old_t_ns: int, old_chunked: ChunkedReq | None, delta: PassDelta) -> tuple[int, ChunkedReq | None]:
+    """The rebuilt pass's t_ns and chunked request."""
+    t_ns = old_t_ns + delta.dt_ns
+    _in_range(t_ns, t_ns, f"dt_ns {delta.dt_ns} takes t_ns")
     chunked = delta.chunked
     if type(chunked) is int:
-        if old.chunked is None:
+        if old_chunked is None:
             raise DeltaError("chunked refers to the previous pass's chunked request, and it had none")
-        chunked = msgspec.structs.replace(old.chunked, prefix_len=chunked)
-    waiting: list[WaitingReq] = _rows(old.waiting, delta.waiting_runs, delta.waiting_new, max_rows, "waiting")
-    running: list[RunningReq] = _rows(old.running, delta.running_runs, delta.running_new, max_rows, "running",
-                                      delta.running_step)
+        chunked = msgspec.structs.replace(old_chunked, prefix_len=chunked)
+    return t_ns, chunked
+
+
+def _made(delta: PassDelta, t_ns: int, waiting: list[WaitingReq], running: list[RunningReq],
+          chunked: ChunkedReq | None) -> Pass:
     return Pass(
-        delta.seq, old.t_ns + delta.dt_ns, delta.dur_ns, delta.repeat, delta.idle_before, waiting, running,
+        delta.seq, t_ns, delta.dur_ns, delta.repeat, delta.idle_before, waiting, running,
         chunked, delta.batch_is_full_in, delta.kv, delta.req_slots_free, delta.new_token_ratio,
         delta.chunked_prefill_size, delta.candidates, delta.admitted, delta.chunk, delta.new_chunked_rid,
         delta.batch_is_full_out, delta.error, delta.order, delta.processed_tokens,
     )
+
+
+def rebuild(old: Pass, delta: PassDelta, max_rows: int) -> Pass:
+    """The full pass ``delta`` describes, ``old`` being the pass record before it."""
+    t_ns, chunked = _next(old.t_ns, old.chunked, delta)
+    waiting: list[WaitingReq] = _rows(old.waiting, delta.waiting_runs, delta.waiting_new, max_rows, "waiting")
+    running: list[RunningReq] = _rows(old.running, delta.running_runs, delta.running_new, max_rows, "running",
+                                      delta.running_step)
+    return _made(delta, t_ns, waiting, running, chunked)
+
+
+def _whole(spans: list[int], old_n: int, fresh: list) -> bool:
+    """The runs copy the whole previous list and add nothing."""
+    return not fresh and len(spans) == 2 and spans[0] == 0 and spans[1] == old_n
+
+
+class Walk:
+    """Deltas applied one after another without building the passes between (a cold ``pass_at``).
+
+    ``rebuild`` makes every running row anew when the batch steps; here a row
+    keeps the object it was read as and its output_len less the steps so far
+    (``owed``), so each delta costs a few list slices, and the rows are built
+    once, for the pass asked for. The checks are ``rebuild``'s.
+    """
+
+    def __init__(self, p: Pass, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.seq, self.t_ns, self.chunked, self.waiting = p.seq, p.t_ns, p.chunked, p.waiting
+        self.running = p.running
+        self.owed = list(map(_output_len, p.running))
+        self.steps = 0
+        # bounds of every owed value met (a superset of those alive): the range check is exact only if they fail
+        self.lo, self.hi = min(self.owed, default=0), max(self.owed, default=0)
+        self.delta: PassDelta | None = None
+
+    def apply(self, delta: PassDelta) -> None:
+        t_ns, chunked = _next(self.t_ns, self.chunked, delta)
+        waiting = self.waiting  # a list the delta keeps whole is kept, not copied (nothing here changes one)
+        if not _whole(delta.waiting_runs, len(waiting), delta.waiting_new):
+            waiting = _rows(waiting, delta.waiting_runs, delta.waiting_new, self.max_rows, "waiting")
+        steps = self.steps + delta.running_step
+        new = delta.running_new
+        new_owed = [r.output_len - steps for r in new]
+        rows, owed = self.running, self.owed
+        if not _whole(delta.running_runs, len(rows), new):
+            rows, owed = [], []
+            taken = 0
+            for start, count in plan(len(self.running), delta.running_runs, len(new), self.max_rows, "running"):
+                if start == FRESH:
+                    rows += new[taken : taken + count]
+                    owed += new_owed[taken : taken + count]
+                    taken += count
+                else:
+                    rows += self.running[start : start + count]
+                    owed += self.owed[start : start + count]
+        self.lo, self.hi = min(self.lo, min(new_owed, default=self.lo)), max(self.hi, max(new_owed, default=self.hi))
+        if owed and not (INT_MIN <= self.lo + steps and self.hi + steps <= INT_MAX):
+            self.lo, self.hi = min(owed), max(owed)
+            _in_range(self.lo + steps, self.hi + steps, f"running step {delta.running_step} takes an output_len")
+        self.seq, self.t_ns, self.chunked, self.waiting = delta.seq, t_ns, chunked, waiting
+        self.running, self.owed, self.steps, self.delta = rows, owed, steps, delta
+
+    def rebuilt(self) -> Pass:
+        """The pass of the last delta applied."""
+        steps, delta = self.steps, self.delta
+        assert delta is not None
+        running = [r if r.output_len == o + steps else RunningReq(r.rid, r.input_len, o + steps, r.max_new_tokens,
+                                                                    r.ignore_eos)
+                   for r, o in zip(self.running, self.owed)]
+        return _made(delta, self.t_ns, list(self.waiting), running, self.chunked)  # its own list, as rebuild's

@@ -6,7 +6,9 @@ on trust: the footer must end exactly where the tail begins (so a file
 appended to, or concatenated with itself, is caught), its checksum must
 match (framed), and its pass index must be whole entries, strictly
 increasing, inside the data, and as long as the footer's pass count; a v2
-footer's keyframe index must pass ``keyframes.keyframe_problem``.
+footer's keyframe index must pass ``keyframes.keyframe_problem``; the
+records its marker counts must fit in the data's bytes, and its counts be
+non-negative and, for record tags, no more than that.
 Anything else is a ``TraceFormatError`` naming the tail or footer offset.
 """
 
@@ -23,9 +25,9 @@ import msgspec
 from schedtrace.tracer.contract.codec import DECODERS, offsets_from_bytes, peek_tag
 from schedtrace.tracer.contract.errors import TraceFormatError
 from schedtrace.tracer.contract.frames import BadBytes, frame_end
-from schedtrace.tracer.contract.framing import MARKER_SIZE, Marker, marker_checks, read_marker
+from schedtrace.tracer.contract.framing import MARKER_SIZE, MIN_RECORD_BYTES, Marker, marker_checks, read_marker
 from schedtrace.tracer.contract.keyframes import keyframe_problem
-from schedtrace.tracer.contract.schema import TAIL_PREFIX, TAIL_SIZE, Footer
+from schedtrace.tracer.contract.schema import RECORD_TYPES, TAIL_PREFIX, TAIL_SIZE, Footer
 
 
 @dataclass
@@ -64,12 +66,16 @@ def read_footer(data: mmap.mmap, view: memoryview, path: str, size: int, data_st
                 and marker_checks(view, marker, seed)):
             raise TraceFormatError(path, offset, "footer fails its checksum (or has no batch marker)")
         records_before, data_end = marker.records_before, marker.offset
+        if records_before - 1 > (data_end - data_start) // MIN_RECORD_BYTES:
+            raise TraceFormatError(path, offset, f"the footer's marker counts {records_before} records, more than "
+                                   f"the {data_end - data_start} bytes of data hold")
     if peek_tag(data[offset : min(end, offset + 32)]) != "footer":
         raise TraceFormatError(path, offset, "tail does not point at a footer record")
     try:
         footer = DECODERS["footer"].decode(data[offset:end])
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, offset, f"bad 'footer' record: {exc}") from None
+    _check_counts(path, offset, footer, records_before)
     offsets = _pass_index(path, offset, footer, data_start, data_end)
     keyframes = None
     if deltas:
@@ -79,6 +85,15 @@ def read_footer(data: mmap.mmap, view: memoryview, path: str, size: int, data_st
             raise TraceFormatError(path, offset, f"footer keyframe index: {problem}")
     return FooterInfo(footer=footer, offset=offset, data_end=data_end, pass_offsets=offsets,
                       records_before=records_before, keyframes=keyframes)
+
+
+def _check_counts(path: str, offset: int, footer: Footer, records_before: int | None) -> None:
+    negative = [tag for tag, n in footer.counts.items() if n < 0]
+    if negative:
+        raise TraceFormatError(path, offset, f"footer count {negative[0]!r} is negative")
+    records = sum(n for tag, n in footer.counts.items() if tag in RECORD_TYPES)
+    if records_before is not None and records > records_before:
+        raise TraceFormatError(path, offset, f"footer counts {records} records, its marker {records_before}")
 
 
 def _whole_entries(path: str, offset: int, raw: bytes, what: str) -> array:

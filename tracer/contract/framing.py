@@ -45,6 +45,8 @@ _U64: Final = 0xCF
 SPLIT_BYTES: Final = 256 * 1024
 # No honest batch is larger: SPLIT_BYTES of records plus one record of up to the record limit.
 MAX_BATCH_BYTES: Final = MAX_RECORD_BYTES + SPLIT_BYTES
+# No msgpack object is shorter: what a count of records (a marker's, a gap's) can claim of its bytes.
+MIN_RECORD_BYTES: Final = 1
 # How far past the header a reader looks for a batch when the first marker is missing.
 FIRST_BATCH_WINDOW: Final = 2 * SPLIT_BYTES
 

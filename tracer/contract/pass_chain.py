@@ -10,6 +10,12 @@ and applies the deltas after it, or steps on from the pass it rebuilt last
 A pass whose keyframe, or any pass between, lies in a gap cannot be rebuilt:
 it is lost with the gap (``TraceDamagedError``) though its bytes are good,
 up to the next keyframe, where reading resumes. ``Gap.orphans`` counts them.
+
+A footer's index is the writer's: it holds while the file is whole. Read
+past damage, a file with gaps is indexed by one walk instead (batches
+swapped or copied in move the passes the footer points at), and a pass
+record that does not rebuild or sits at the wrong place is a gap of its
+own (``TraceReader._bad_record``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from schedtrace.tracer.contract.codec import PASS_TAGS, peek_tag
-from schedtrace.tracer.contract.delta import DeltaError, rebuild
+from schedtrace.tracer.contract.delta import DeltaError, Walk, rebuild
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.framing import Gap
 from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
@@ -59,7 +65,8 @@ class PassChain:
 
     @property
     def offsets(self) -> array:
-        if self._offsets is None:
+        if self._offsets is None or (not self._first_checked and self._reader.skip_damaged
+                                     and self._reader._integrity().gaps):
             self._offsets, keyframes = self._scan()
             self._keyframes = keyframes if self._deltas else None
             self._first_checked = True
@@ -67,12 +74,16 @@ class PassChain:
             self._check_first_pass()
         return self._offsets
 
+    def forget_lost(self) -> None:
+        """A gap was added: the passes each gap holds are counted again when next needed."""
+        self._lost = None
+
     def number_of(self, offset: int) -> int:
         """The pass number of the pass record at ``offset``."""
         offsets = self.offsets
         n = bisect_left(offsets, offset)
         if n == len(offsets) or offsets[n] != offset:
-            raise TraceFormatError(self._path, offset, "a pass record the pass index does not list")
+            raise self._reader._bad_record(offset, "a pass record the pass index does not list")
         return n
 
     # --- passes by number ---
@@ -92,11 +103,11 @@ class PassChain:
             gap = self._lost_between(0, n)  # the first keyframe was lost
             if gap is not None:
                 raise TraceDamagedError(self._path, gap)
-            raise TraceFormatError(self._path, offsets[n], f"pass {n} has no keyframe before it")
+            raise self._reader._bad_record(offsets[n], f"pass {n} has no keyframe before it")
         k = keyframes[at]
         if n - k >= MAX_KEYFRAME_INTERVAL:
-            raise TraceFormatError(self._path, offsets[n], f"pass {n} is {n - k} passes after its keyframe "
-                                   f"(at most {MAX_KEYFRAME_INTERVAL - 1})")
+            raise self._reader._bad_record(offsets[n], f"pass {n} is {n - k} passes after its keyframe "
+                                           f"(at most {MAX_KEYFRAME_INTERVAL - 1})")
         i, p = last if last is not None and k <= last[0] < n else (k, None)
         gap = self._lost_between(i, n)
         if gap is not None:
@@ -104,12 +115,31 @@ class PassChain:
         if p is None:
             p = self._whole(k)
             if type(p) is not Pass:
-                raise TraceFormatError(self._path, offsets[k], f"keyframe {k} is not a whole pass record")
+                raise self._reader._bad_record(offsets[k], f"keyframe {k} is not a whole pass record")
             p = self._numbered(k, p)
-        for i in range(i + 1, n + 1):
-            p = self._numbered(i, self._after(p, i))
+        p = self._walked(p, i, n) if n - i > 1 else self._numbered(n, self._after(p, n)) if n > i else p
         self._last = (n, p)
         return p
+
+    def _walked(self, p: Pass, i: int, n: int) -> Pass:
+        """Pass ``n`` from pass ``i`` (``p``), building only pass ``n`` (delta.Walk)."""
+        walk = Walk(p, self.max_rows)
+        first = self._reader.header.first_pass
+        for i in range(i + 1, n + 1):
+            offset = self._offsets[i]
+            record = self._reader._raw_record_at(offset)
+            if type(record) is not PassDelta:  # a whole pass needs nothing before it
+                p = self._numbered(i, record)
+                walk = Walk(p, self.max_rows)
+                continue
+            if record.seq != first + i:
+                raise self._reader._bad_record(offset, f"index entry {i} points at pass {record.seq}, "
+                                               f"expected {first + i}")
+            try:
+                walk.apply(record)
+            except DeltaError as exc:
+                raise self._reader._bad_record(offset, f"bad delta pass {record.seq}: {exc}") from None
+        return p if walk.delta is None else walk.rebuilt()  # seqs checked on the way: walk.seq is first + n
 
     def _whole(self, n: int) -> Record | None:
         return self._reader._raw_record_at(self._offsets[n])
@@ -124,20 +154,20 @@ class PassChain:
 
     def applied(self, p: Pass, delta: PassDelta, offset: int) -> Pass:
         if delta.seq != p.seq + 1:
-            raise TraceFormatError(self._path, offset, f"delta pass {delta.seq} does not follow pass {p.seq}")
+            raise self._reader._bad_record(offset, f"delta pass {delta.seq} does not follow pass {p.seq}")
         try:
             return rebuild(p, delta, self.max_rows)
         except DeltaError as exc:
-            raise TraceFormatError(self._path, offset, f"bad delta pass {delta.seq}: {exc}") from None
+            raise self._reader._bad_record(offset, f"bad delta pass {delta.seq}: {exc}") from None
 
     def _numbered(self, n: int, record: Record | None) -> Pass:
         offset = self._offsets[n]
         if not isinstance(record, Pass):
-            raise TraceFormatError(self._path, offset, f"index entry {n} does not point at a pass record")
+            raise self._reader._bad_record(offset, f"index entry {n} does not point at a pass record")
         first = self._reader.header.first_pass
         if record.seq != first + n:
-            raise TraceFormatError(self._path, offset, f"index entry {n} points at pass {record.seq}, "
-                                   f"expected {first + n}")
+            raise self._reader._bad_record(offset, f"index entry {n} points at pass {record.seq}, "
+                                           f"expected {first + n}")
         return record
 
     # --- streams (TraceReader.records) ---
@@ -148,33 +178,46 @@ class PassChain:
             yield from stream
             return
         base: Pass | None = None  # what the next delta applies to (None past a gap: wait for a keyframe)
-        base_at = -1
+        base_at = run = -1  # run: deltas since the keyframe
         started = False
         for offset, record in stream:
             kind = type(record)
             if kind is PassDelta:
                 if not started:  # the stream starts after the pass this delta is against
-                    started, base, base_at = True, self._before(offset), offset
+                    started, base_at = True, offset
+                    base, run = self._before(offset)
                 if base is not None and record.seq != base.seq + 1 and self._gap_after(base_at, offset):
                     base = None  # skipping damage: its chain crosses a gap
                 if base is None:
                     continue
-                record = base = self.applied(base, record, offset)
+                run += 1
+                try:
+                    if run >= MAX_KEYFRAME_INTERVAL:
+                        raise self._reader._bad_record(offset, f"delta pass {record.seq} is {run} passes after "
+                                                       f"its keyframe (at most {MAX_KEYFRAME_INTERVAL - 1})")
+                    record = base = self.applied(base, record, offset)
+                except TraceDamagedError:  # reading on past damage: the passes after it wait for a keyframe
+                    base = None
+                    continue
                 base_at = offset
             elif kind is Pass:
-                started, base, base_at = True, record, offset
+                started, base, base_at, run = True, record, offset, 0
             yield offset, record
 
-    def _before(self, offset: int) -> Pass | None:
-        n = self.number_of(offset)
-        if n == 0:
-            raise TraceFormatError(self._path, offset, "the first pass record is a delta (it has no keyframe)")
+
+    def _before(self, offset: int) -> tuple[Pass | None, int]:
+        """The pass before the delta at ``offset``, and how many deltas after its keyframe it is."""
         try:
-            return self.pass_at(n - 1)
+            n = self.number_of(offset)
+            if n == 0:
+                raise self._reader._bad_record(offset, "the first pass record is a delta (it has no keyframe)")
+            p = self.pass_at(n - 1)
         except TraceDamagedError:
             if self._reader.skip_damaged:
-                return None
+                return None, 0
             raise
+        keyframes = self._keyframes
+        return p, n - 1 - keyframes[bisect_right(keyframes, n - 1) - 1]  # pass_at found a keyframe
 
     # --- what gaps cost ---
 
@@ -211,13 +254,16 @@ class PassChain:
             return gaps
         offsets, out = self.offsets, []
         keyframes = self._keyframes
-        for gap in gaps:
-            start = bisect_left(offsets, gap.start)
-            stop = bisect_left(offsets, max(gap.end, gap.start + 1))
+        spans = [(bisect_left(offsets, gap.start), bisect_left(offsets, max(gap.end, gap.start + 1))) for gap in gaps]
+        held = [start for start, stop in spans if stop > start]  # the first pass of each gap that holds passes
+        for gap, (start, stop) in zip(gaps, spans):
             if stop > start:
                 at = bisect_left(keyframes, stop)
                 following = keyframes[at] if at < len(keyframes) else len(offsets)
-                gap = msgspec.structs.replace(gap, orphans=following - stop)
+                later = bisect_left(held, stop)  # a later gap's passes are its own to count
+                if later < len(held):
+                    following = min(following, held[later])
+                gap = msgspec.structs.replace(gap, orphans=max(following - stop, 0))
             out.append(gap)
         return out
 
@@ -241,8 +287,8 @@ class PassChain:
             for _ in reader._regions(0):  # raises at a gap unless skip_damaged
                 pass
             offsets, seqs = found.pass_offsets, found.pass_seqs
-        return number_passes(self._path, reader.header.first_pass, reader._data_start, offsets, seqs, found.gaps,
-                             whole)
+        return number_passes(reader.header.first_pass, reader._data_start, offsets, seqs, found.gaps,
+                             reader._refuse, whole)
 
     def _check_first_pass(self) -> None:
         """The footer's index against the passes: the first readable one must have the header's first_pass."""
@@ -252,10 +298,19 @@ class PassChain:
         for n, offset in enumerate(self._offsets):
             if reader._gap_holding(offset) is not None:
                 continue
-            record = reader._raw_record_at(offset)
+            try:
+                record = reader._raw_record_at(offset)
+            except TraceDamagedError:
+                return  # reading on past damage: the record is a gap now
+            at = offset  # where the error points: the record, or the header that disagrees with it
             if not isinstance(record, (Pass, PassDelta)):
-                raise TraceFormatError(self._path, offset, f"footer index entry {n} does not point at a pass record")
-            if record.seq != first + n:
-                raise TraceFormatError(self._path, 0, f"header first_pass is {first} but pass record {n} "
-                                       f"(offset {offset}) has seq {record.seq}")
-            return
+                problem = f"footer index entry {n} does not point at a pass record"
+            elif record.seq != first + n:
+                problem = f"header first_pass is {first} but pass record {n} (offset {offset}) has seq {record.seq}"
+                at = 0
+            else:
+                return
+            if reader.skip_damaged:  # the pass is a gap of its own; the others are checked as they are read
+                reader._refuse(offset, problem)
+                return
+            raise TraceFormatError(self._path, at, problem)

@@ -2,25 +2,45 @@
 
 Index entry ``n`` is the pass whose ``seq`` is ``first_pass + n``. The
 recorder numbers passes consecutively over the passes it writes, so a jump
-is only allowed across a gap, by at most as many records as the gap lost;
-the passes lost there get the gap's start as their entry (``pass_at`` then
-names the gap). Anything else is an error naming the pass.
+is only allowed across a gap, by at most as many passes as the gap could
+hold (its lost count, and never more than its bytes hold); the passes lost
+there get the gap's start as their entry (``pass_at`` then names the gap).
+Any other seq is a bad pass record: ``bad(offset, reason)`` raises (strict
+reading) or returns, and then the record is left out of the index (the
+reader has made it a gap of its own).
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import Final
 
-from schedtrace.tracer.contract.errors import TraceFormatError
 from schedtrace.tracer.contract.framing import Gap
 
-# No pass record (whole or delta) is shorter: a gap of unknown count held at most size / this.
+# No pass record (whole or delta) is shorter: a gap held at most size / this passes, whatever it claims.
 MIN_PASS_BYTES: Final = 24
 
 
-def number_passes(path: str, first_pass: int, data_start: int, offsets: array, seqs: array,
-                  gaps: list[Gap], whole: array | None = None) -> tuple[array, array]:
+def room(gaps: list[Gap], start: int, stop: int) -> tuple[Gap | None, int]:
+    """The first gap starting in ``start``..``stop`` and how many passes the gaps there could hold."""
+    first = bisect_left(gaps, start, key=_start)
+    at, held = first, 0
+    while at < len(gaps) and gaps[at].start < stop:
+        gap = gaps[at]
+        fits = (gap.end - gap.start) // MIN_PASS_BYTES
+        held += fits if gap.lost is None else min(gap.lost, fits)
+        at += 1
+    return (gaps[first] if at > first else None), held
+
+
+def _start(gap: Gap) -> int:
+    return gap.start
+
+
+def number_passes(first_pass: int, data_start: int, offsets: array, seqs: array, gaps: list[Gap],
+                  bad: Callable[[int, str], None], whole: array | None = None) -> tuple[array, array]:
     """The index of the passes at ``offsets`` (file order) with ``seqs`` (-1: unreadable), and the
     numbers of those at the positions ``whole`` lists (v2: the keyframes, as pass numbers)."""
     index, keyframes = array("Q"), array("Q")
@@ -28,16 +48,18 @@ def number_passes(path: str, first_pass: int, data_start: int, offsets: array, s
     mark = next(marks, -1)
     expected, previous = first_pass, data_start
     for position, (offset, seq) in enumerate(zip(offsets, seqs)):
-        if seq != expected:
-            between = [gap for gap in gaps if previous <= gap.start < offset]
-            room = sum((gap.end - gap.start) // MIN_PASS_BYTES if gap.lost is None else gap.lost for gap in between)
-            if seq < expected or seq - expected > room:
-                what = "the header's first_pass" if not index else "one after the pass before it"
-                raise TraceFormatError(path, offset, f"pass record has seq {seq}, expected {expected} ({what})")
-            index.extend(array("Q", [between[0].start]) * (seq - expected))
-        if position == mark:
-            keyframes.append(len(index))
+        is_mark = position == mark
+        if is_mark:
             mark = next(marks, -1)
+        if seq != expected:
+            gap, fits = room(gaps, previous, offset)
+            if seq < expected or seq - expected > fits or gap is None:
+                what = "the header's first_pass" if not index else "one after the pass before it"
+                bad(offset, f"pass record has seq {seq}, expected {expected} ({what})")
+                continue
+            index.extend(array("Q", [gap.start]) * (seq - expected))
+        if is_mark:
+            keyframes.append(len(index))
         index.append(offset)
         expected, previous = seq + 1, offset
     return index, keyframes

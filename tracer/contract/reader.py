@@ -11,7 +11,11 @@ with a ``TraceDamagedError`` (records before it are returned), and a footer
 or tail that fails its checks refuses the file; ``skip_damaged=True`` reads
 on past every gap, reads a file whose footer fails as one that was not
 closed, and ``gaps`` lists what was lost. ``closed_cleanly`` is true only
-for a file with a checked footer and no gap. Pass numbers are checked
+for a file with a checked footer and no gap. A record that is whole but
+cannot be used (it fails the schema, its delta does not apply, its seq is
+not its place) is found when it is read: strict reading raises, and
+``skip_damaged`` makes it a gap of its own (one record lost) and reads on,
+so ``gaps`` can grow as the file is read. Pass numbers are checked
 against ``Pass.seq``: ``pass_at(n)`` returns the pass whose seq is
 ``header.first_pass + n``, or raises.
 
@@ -27,7 +31,7 @@ import hashlib
 import mmap
 import os
 from array import array
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections import Counter
 from collections.abc import Iterator
 from typing import Final
@@ -39,7 +43,7 @@ from schedtrace.tracer.contract.codec import (DATA_DECODERS, DECODERS, DELTA_TAG
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError, TraceNotFoundError, TraceVersionError
 from schedtrace.tracer.contract.footer import read_footer
 from schedtrace.tracer.contract.frames import BadBytes, frame_end, frames
-from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, Gap
+from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, Gap, Marker, read_marker
 from schedtrace.tracer.contract.opening import read_framing, read_header
 from schedtrace.tracer.contract.pass_chain import PassChain
 from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TAG, Footer, Pass, PassDelta, Record
@@ -187,6 +191,8 @@ class TraceReader:
         """Every known record in file order with its offset, header first (footer and markers excluded)."""
         if start <= 0:
             yield 0, self._decode(0, self._mm[: self._header_end])
+        if self.skip_damaged:
+            self._chain.offsets  # noqa: B018 - indexed first: a pass the index leaves out is a gap, not returned
         yield from self._chain.resolve(self._raw_records(start))
 
     def _raw_records(self, start: int) -> Iterator[tuple[int, Record]]:
@@ -194,14 +200,10 @@ class TraceReader:
         if not self.framed and self._found is None:
             yield from self._walk_plain(start)  # a v1 file not yet checked is checked by this very walk
             return
-        for region_start, region_end in self._regions(start):  # a framed file is hashed first
-            try:
-                for offset, end in frames(self._mm, region_start, region_end, self.max_record_bytes):
-                    record = self._decode(offset, self._mm[offset:end])
-                    if record is not None:
-                        yield offset, record
-            except BadBytes as bad:
-                self._frame_failed(bad, region_end)
+        for offset, end in self._readable_frames(start):  # a framed file is hashed first
+            record = self._decode(offset, self._mm[offset:end])
+            if record is not None:
+                yield offset, record
 
     def record_at(self, offset: int) -> Record | None:
         """The record starting at ``offset`` (None for an unknown tag); a delta pass is rebuilt."""
@@ -223,8 +225,13 @@ class TraceReader:
         try:
             end = frame_end(self._mm, offset, found.data_end, self.max_record_bytes)
         except BadBytes as bad:
-            raise TraceFormatError(self.path, bad.offset, bad.reason) from None
-        return self._decode(offset, self._mm[offset:end])
+            raise self._bad_record(bad.offset, bad.reason) from None
+        record = self._decode(offset, self._mm[offset:end])
+        if record is None and self.skip_damaged:
+            gap = self._gap_holding(offset)  # it failed just now
+            if gap is not None:
+                raise TraceDamagedError(self.path, gap)
+        return record
 
     # --- passes ---
 
@@ -294,7 +301,7 @@ class TraceReader:
         found = Integrity(data_end=self._data_end)
         resync = self._chain.footer_offsets if closed else None
         for item in walk_plain(self._mm, max(start, self._data_start), self._data_end, found, closed=closed,
-                               max_record_bytes=self.max_record_bytes, resync=resync, index_passes=not closed):
+                               max_record_bytes=self.max_record_bytes, resync=resync):
             if type(item) is Gap:
                 if not self.skip_damaged:
                     raise TraceDamagedError(self.path, item)
@@ -307,17 +314,70 @@ class TraceReader:
             self._found = self._finish(found)
 
     def _readable_frames(self, start: int) -> Iterator[tuple[int, int]]:
+        """(start, end) of every record in the readable spans from ``start`` on."""
         for region_start, region_end in self._regions(start):
-            try:
-                yield from frames(self._mm, region_start, region_end, self.max_record_bytes)
-            except BadBytes as bad:
-                self._frame_failed(bad, region_end)
+            position = region_start
+            while position < region_end:
+                try:
+                    for offset, end in frames(self._mm, position, region_end, self.max_record_bytes):
+                        yield offset, end
+                    position = region_end
+                except BadBytes as bad:
+                    position = self._frame_failed(bad, region_end)
 
-    def _frame_failed(self, bad: BadBytes, region_end: int) -> None:
-        """A record that will not step over inside checked data: only the torn end of the file is expected."""
+    def _frame_failed(self, bad: BadBytes, region_end: int) -> int:
+        """A record that will not step over inside checked data: where to go on (the torn end of the file is
+        expected; anything else is a batch that checks out but is not records, an error or a gap)."""
         found = self._integrity()
-        if not (bad.torn and region_end == found.data_end and found.truncated_at is not None):
-            raise TraceFormatError(self.path, bad.offset, bad.reason) from None
+        if bad.torn and region_end == found.data_end and found.truncated_at is not None:
+            return region_end
+        if not self.skip_damaged:
+            raise TraceFormatError(self.path, bad.offset, bad.reason)
+        gap = self._gap_holding(bad.offset)
+        if gap is None:
+            end, lost = self._rest_of_batch(bad.offset, region_end)
+            gap = Gap(start=bad.offset, end=end, lost=lost, reason=bad.reason, first_bad=bad.offset)
+            self._add_gap(gap)
+        return max(gap.end, bad.offset + 1)
+
+    def _rest_of_batch(self, offset: int, limit: int) -> tuple[int, int | None]:
+        """The end of the checked batch holding ``offset``, and how many of its records start there or later."""
+        batches = self._integrity().batches
+        at = bisect_right(batches, offset) - 1
+        marker = read_marker(self._mm, batches[at], limit) if at >= 0 else None
+        if not isinstance(marker, Marker) or marker.end <= offset:
+            return limit, None  # not in a checked batch (an unchecked tail): its count is unknown
+        before = 0
+        try:
+            for _ in frames(self._mm, marker.payload, offset, self.max_record_bytes):
+                before += 1
+        except BadBytes:
+            return min(marker.end, limit), None
+        return min(marker.end, limit), max(marker.n_records - before, 0)
+
+    def _bad_record(self, offset: int, reason: str) -> TraceFormatError:
+        """The error for a record that cannot be used; reading on past damage, it is first made a gap."""
+        if not self.skip_damaged:
+            return TraceFormatError(self.path, offset, reason)
+        gap = self._gap_holding(offset)
+        if gap is None:
+            try:
+                end = frame_end(self._mm, offset, self._integrity().data_end, self.max_record_bytes)
+            except BadBytes:
+                end = offset + 1
+            gap = Gap(start=offset, end=end, lost=1, reason=reason, first_bad=offset)
+            self._add_gap(gap)
+        return TraceDamagedError(self.path, gap)
+
+    def _refuse(self, offset: int, reason: str) -> None:
+        """A record that cannot be used: raise, or (``skip_damaged``) make it a gap and go on."""
+        error = self._bad_record(offset, reason)
+        if not self.skip_damaged:
+            raise error
+
+    def _add_gap(self, gap: Gap) -> None:
+        insort(self._integrity().gaps, gap, key=_gap_start)
+        self._chain.forget_lost()
 
     def _gap_holding(self, offset: int) -> Gap | None:
         gaps = self._integrity().gaps
@@ -331,7 +391,7 @@ class TraceReader:
         found = self._integrity()
         limit = found.data_end
         position = max(start, self._data_start)
-        for gap in found.gaps:
+        for gap in list(found.gaps):  # a copy: a bad record read meanwhile adds its own gap
             if gap.start > limit:
                 break  # past the data (an unused footer)
             if gap.end < position or (gap.end == position and gap.start < position):
@@ -351,13 +411,13 @@ class TraceReader:
         decoder = self._decoders.get(tag)
         if decoder is None:
             if tag is None:
-                raise TraceFormatError(self.path, offset, "expected a tagged record array")
+                return self._refuse(offset, "expected a tagged record array")
             if tag in (MARKER_TAG, TAIL_TAG):
                 return None  # framing, not a record (a bad marker is a gap already)
             if (tag == "header") != (offset == 0) or tag == "footer":
-                raise TraceFormatError(self.path, offset, f"a {tag} record inside the data")
+                return self._refuse(offset, f"a {tag} record inside the data")
             if tag == DELTA_TAG:
-                raise TraceFormatError(self.path, offset, "a delta pass record in a v1 trace")
+                return self._refuse(offset, "a delta pass record in a v1 trace")
             decoder = DECODERS.get(tag)
             if decoder is None:
                 self.unknown_records[tag] += 1
@@ -365,7 +425,11 @@ class TraceReader:
         try:
             return decoder.decode(data)
         except msgspec.DecodeError as exc:
-            raise TraceFormatError(self.path, offset, f"bad {tag!r} record: {exc}") from None
+            return self._refuse(offset, f"bad {tag!r} record: {exc}")
+
+
+def _gap_start(gap: Gap) -> int:
+    return gap.start
 
 
 def combined_fingerprint(prints: list[str]) -> str:

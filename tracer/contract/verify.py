@@ -11,6 +11,13 @@ both are read as a plain stream, unchecked, from ``unchecked_from``.
 v1 traces have no checksums: every record is stepped over once. In a closed
 v1 file a bad record is skipped to the next pass the footer indexes (the
 records in between are lost, how many is unknown).
+
+Nothing a marker claims is used before it is checked against the bytes: a
+marker after a damaged region is a place to resume only if the records it
+says the region held fit in the region's bytes (``MIN_RECORD_BYTES`` each),
+and the checksums the search for one tries may hash at most
+``HASH_BUDGET`` times the data (fake markers every few bytes would
+otherwise make it quadratic); past that the rest is one gap.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import msgspec
 from schedtrace.tracer.contract.codec import DECODERS, PASS_TAGS, peek_seq, peek_tag
 from schedtrace.tracer.contract.framing import (
     MARKER_PREFIX,
+    MARKER_SIZE,
     MARKER_TAG,
+    MIN_RECORD_BYTES,
     SPLIT_BYTES,
     TORN,
     Gap,
@@ -40,6 +49,7 @@ from schedtrace.tracer.contract.schema import TAIL_PREFIX, TAIL_SIZE
 
 PEEK_BYTES: Final = 32  # enough for any tag and a pass's seq
 LOCATE_BYTES: Final = 1 << 20  # how far into a failed batch the reader looks for the bad record
+HASH_BUDGET: Final = 2  # bytes hashed for batches that fail, in units of the data's size (plus two batches)
 
 
 @dataclass
@@ -53,6 +63,7 @@ class Integrity:
     # v1: (offset, seq) of every pass record met, so an unclosed file needs one walk (seq -1: unreadable).
     pass_offsets: array = field(default_factory=lambda: array("Q"))
     pass_seqs: array = field(default_factory=lambda: array("q"))
+    batches: array = field(default_factory=lambda: array("Q"))  # framed: the offset of every good marker
 
 
 def note_pass(offset: int, record: bytes, offsets: array, seqs: array) -> None:
@@ -76,13 +87,13 @@ def _after_footer(data: mmap.mmap, footer_end: int, limit: int, found: Integrity
 
 
 def walk_plain(data: mmap.mmap, start: int, limit: int, found: Integrity, *, closed: bool, max_record_bytes: int,
-               resync: array | None = None, markers_are_damage: bool = False, index_passes: bool = True
+               resync: array | None = None, markers_are_damage: bool = False
                ) -> Iterator[tuple[int, bytes, str | None] | Gap]:
     """Step over every record in ``data[start:limit]``: a v1 trace, or the unchecked tail of a framed one.
 
     Yields each record's (start, bytes, tag), and each ``Gap`` as it is found
     (also added to ``found``, which is complete when the walk ends).
-    ``index_passes``: note every pass record in ``found`` (a file without a footer index).
+    Every pass record is noted in ``found`` (the index of a file without a usable footer).
     """
     position = start
     while position < limit:
@@ -92,8 +103,7 @@ def walk_plain(data: mmap.mmap, start: int, limit: int, found: Integrity, *, clo
                 record = data[offset:end]
                 tag = peek_tag(record)
                 if tag in PASS_TAGS:
-                    if index_passes:
-                        note_pass(offset, record, found.pass_offsets, found.pass_seqs)
+                    note_pass(offset, record, found.pass_offsets, found.pass_seqs)
                 elif tag == "footer" and not closed:
                     found.data_end = offset
                     gap = _after_footer(data, end, limit, found)
@@ -105,7 +115,9 @@ def walk_plain(data: mmap.mmap, start: int, limit: int, found: Integrity, *, clo
                     raise BadBytes(offset, f"{what} inside the data (a concatenated or damaged file?)")
                 yield offset, record, tag
         except BadBytes as bad:
-            if bad.torn and not closed:
+            # torn: the file ends inside the record, unless batches follow it (then it is damage, not a cut)
+            if bad.torn and not closed and not (markers_are_damage and data.find(MARKER_PREFIX, bad.offset + 1,
+                                                                                   limit) >= 0):
                 found.truncated_at = bad.offset
                 return
             reason = "record runs past the end of the data" if bad.torn else bad.reason
@@ -121,30 +133,53 @@ def walk_plain(data: mmap.mmap, start: int, limit: int, found: Integrity, *, clo
 
 def check_plain(data: mmap.mmap, start: int, limit: int, *, closed: bool, max_record_bytes: int,
                 resync: array | None = None, markers_are_damage: bool = False) -> Integrity:
-    """The whole walk of ``walk_plain``, for what it found (passes noted unless the file is closed)."""
+    """The whole walk of ``walk_plain``, for what it found."""
     found = Integrity(data_end=limit)
     for _ in walk_plain(data, start, limit, found, closed=closed, max_record_bytes=max_record_bytes, resync=resync,
-                        markers_are_damage=markers_are_damage, index_passes=not closed):
+                        markers_are_damage=markers_are_damage):
         pass
     return found
 
 
 def _sane(marker: Marker, max_batch: int) -> bool:
-    return 0 < marker.n_records <= marker.n_bytes <= max_batch
+    return 0 < marker.n_records and marker.n_records * MIN_RECORD_BYTES <= marker.n_bytes <= max_batch
 
 
-def _next_good_marker(data: mmap.mmap, view: memoryview, start: int, limit: int, expected: int,
-                      max_batch: int, seed: int) -> Marker | None:
-    """The first marker at or after ``start`` that checks out and does not go back in the count."""
-    while True:
+def fits(records: int, start: int, end: int) -> bool:
+    """Whether ``records`` records (a count a marker claims) fit in the bytes ``start``..``end``."""
+    return 0 <= records <= (end - start) // MIN_RECORD_BYTES
+
+
+class _Budget:
+    """Bytes the check may still hash for batches that fail (it stops resyncing once they are spent)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, data_bytes: int, max_batch: int) -> None:
+        self.left = HASH_BUDGET * data_bytes + 2 * max_batch
+
+    def checks(self, view: memoryview, marker: Marker, seed: int) -> bool:
+        if marker_checks(view, marker, seed):
+            return True
+        self.left -= MARKER_SIZE + marker.n_bytes
+        return False
+
+
+def _next_good_marker(data: mmap.mmap, view: memoryview, gap_start: int, limit: int, expected: int,
+                      max_batch: int, seed: int, budget: _Budget) -> Marker | None:
+    """The first marker after ``gap_start`` that checks out, does not go back in the count, and claims
+    no more records for the gap than its bytes hold; None past the hashing budget."""
+    start = gap_start + 1
+    while budget.left > 0:
         at = data.find(MARKER_PREFIX, start, limit)
         if at < 0:
             return None
         marker = read_marker(data, at, limit)
-        if (isinstance(marker, Marker) and marker.records_before >= expected and _sane(marker, max_batch)
-                and marker.end <= limit and marker_checks(view, marker, seed)):
+        if (isinstance(marker, Marker) and fits(marker.records_before - expected, gap_start, at)
+                and _sane(marker, max_batch) and marker.end <= limit and budget.checks(view, marker, seed)):
             return marker
         start = at + 1
+    return None
 
 
 def locate(data: mmap.mmap, gap: Gap, max_record_bytes: int) -> Gap:
@@ -176,6 +211,7 @@ def check_framed(data: mmap.mmap, view: memoryview, start: int, limit: int, *, c
     """
     found = Integrity(data_end=limit)
     max_batch = max_record_bytes + SPLIT_BYTES
+    budget = _Budget(limit - start, max_batch)
     position, expected = start, 1
     while position < limit:
         marker = read_marker(data, position, limit)
@@ -185,11 +221,12 @@ def check_framed(data: mmap.mmap, view: memoryview, start: int, limit: int, *, c
         if isinstance(marker, Marker):
             in_order = marker.records_before == expected and _sane(marker, max_batch)
             if in_order and marker.end <= limit:
-                if marker_checks(view, marker, seed):
+                if budget.checks(view, marker, seed):
                     if not closed and peek_tag(data[marker.payload : marker.payload + PEEK_BYTES]) == "footer":
                         found.data_end = position  # closed, but the tail is torn
                         _after_footer(data, marker.end, limit, found)
                         return found
+                    found.batches.append(position)
                     position, expected = marker.end, expected + marker.n_records
                     continue
                 reason = "batch fails its checksum"
@@ -203,11 +240,11 @@ def check_framed(data: mmap.mmap, view: memoryview, start: int, limit: int, *, c
                 reason = "batch marker with impossible sizes"
         else:
             reason = "no batch marker where the next batch should start"
-        following = _next_good_marker(data, view, position + 1, limit, expected, max_batch, seed)
+        following = _next_good_marker(data, view, position, limit, expected, max_batch, seed, budget)
         if following is None:
             if marker is None and not closed:  # bytes no marker covers after the last batch
                 return _unchecked_tail(data, position, limit, found, torn=False, max_record_bytes=max_record_bytes)
-            lost = total - expected if total is not None and total >= expected else None
+            lost = total - expected if total is not None and fits(total - expected, position, limit) else None
             found.gaps.append(locate(data, Gap(start=position, end=limit, lost=lost, reason=reason),
                                      max_record_bytes))
             return found
@@ -215,8 +252,8 @@ def check_framed(data: mmap.mmap, view: memoryview, start: int, limit: int, *, c
                                            lost=following.records_before - expected, reason=reason),
                                  max_record_bytes))
         position, expected = following.offset, following.records_before
-    if total is not None and expected != total:
-        found.gaps.append(Gap(start=limit, end=limit, lost=abs(total - expected),
+    if total is not None and expected != total:  # no bytes are left for the difference: its count is unknown
+        found.gaps.append(Gap(start=limit, end=limit, lost=None,
                               reason=f"the batches hold {expected} records, the footer's marker says {total}"))
     return found
 

@@ -1,0 +1,154 @@
+"""Hostile traces (issue 23): crafted files with valid checksums, batches swapped or copied, schema failures.
+
+Every family of ``bench/bench_hostile.py`` runs a few seeded cases through
+its ``read_contract`` (nothing but the error tree escapes, strict or reading
+on past damage or converting; every number a file claims is bounded by its
+size; every record written is read back as written or lies in a reported
+gap). The rest pins down what each family must come to: the gap it is, the
+passes it costs, and that the CLI prints it as a hole. No timings: the bench
+prints those. ``HOSTILE_CASES=50`` runs more.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.bench_hostile import (
+    CRAFTED,
+    FAMILIES,
+    Crafter,
+    a_delta,
+    a_pass,
+    cases,
+    claimed_loss,
+    long_chain,
+    read_contract,
+)
+from schedtrace.cli import run
+from schedtrace.tracer.contract.convert import convert_trace
+from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Arrival, Pass
+
+CASES = int(os.environ.get("HOSTILE_CASES", "10"))
+BIG = 1 << 64
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_hostile_family_keeps_the_reading_contract(family: str, tmp_path: Path) -> None:
+    count = CASES if family in CRAFTED else max(CASES * 3, 30)  # damage to a real trace varies more
+    for name, crafted in cases(family, count, tmp_path):
+        try:
+            read_contract(crafted)
+        except AssertionError as failure:
+            raise AssertionError(f"{name}: {failure}") from failure
+        crafted.path.unlink()
+
+
+def test_doubling_deltas_stop_at_the_first_one_and_lose_only_their_passes(tmp_path: Path) -> None:
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0, waiting=2)])
+    c.batch([a_delta(1, waiting_runs=[0, 2, 0, 2]), a_delta(2, waiting_runs=[0, 4, 0, 4])])
+    c.batch([a_pass(3, waiting=1), Arrival(1, "a", 1, 1)])
+    path = c.done(close=True).path
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="grows past its 2 rows"):
+        list(reader.records())
+    with TraceReader(path, skip_damaged=True) as reader:
+        seqs = [p.seq for p in reader.passes()]
+        assert seqs == [0, 3] and reader.pass_count == 4
+        (gap,) = reader.gaps
+        assert gap.lost == 1 and gap.orphans == 1  # the delta, and the one after it that needs it
+
+
+def test_a_claimed_loss_past_what_the_bytes_hold_is_a_gap_of_unknown_count(tmp_path: Path) -> None:
+    for case in range(6):
+        path = claimed_loss(tmp_path / f"t{case}.trace", random.Random(case)).path
+        with TraceReader(path, skip_damaged=True) as reader:
+            assert [p.seq for _, p in reader.records() if isinstance(p, Pass)] == [0]
+            assert reader.pass_count == 1  # pass 0; the claimed ones are not indexed
+            assert sum(gap.end - gap.start for gap in reader.gaps) > 0
+            assert all(gap.lost is None or gap.lost <= gap.end - gap.start for gap in reader.gaps)
+        assert run(["info", str(path)]) == 0  # listed as holes, no traceback
+
+
+def test_a_rebuilt_number_past_what_a_record_holds_is_refused_not_an_overflow(tmp_path: Path) -> None:
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0, running=2, t_ns=5)])
+    c.batch([a_delta(1, dt_ns=BIG - 1), a_pass(2)])
+    path = c.done(close=True).path
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="t_ns past what a record can hold"):
+        list(reader.records())
+    with pytest.raises(TraceFormatError, match="past what a record can hold"):
+        convert_trace(path, tmp_path / "v1.trace", version=1)
+    assert not (tmp_path / "v1.trace").exists()
+    assert run(["convert", str(path), str(tmp_path / "v1b.trace"), "--to-version", "1"]) == 2
+    c = Crafter(tmp_path / "step.trace")
+    c.batch([a_pass(0, running=2)])
+    c.batch([a_delta(1, running_runs=[0, 2], running_step=BIG - 1), a_pass(2)])
+    with TraceReader(c.done().path, skip_damaged=True) as reader:
+        assert [p.seq for p in reader.passes()] == [0, 2]
+        assert [(g.lost, g.first_bad) for g in reader.gaps] == [(1, reader.pass_offsets[1])]
+        with pytest.raises(TraceDamagedError, match="output_len past what a record can hold"):
+            reader.pass_at(1)
+
+
+@pytest.mark.parametrize("bad", [
+    b"\x95\xa6arrive\x01\xa2\xff\xfe\x01\x01",  # a rid that is not UTF-8
+    b"\x92\xa4idle\xc0",  # a count that is nil
+    b"\x05",  # not a tagged record at all
+])
+def test_a_record_that_fails_the_schema_is_a_gap_of_one_record(bad: bytes, tmp_path: Path) -> None:
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0), Arrival(1, "a", 1, 1)])
+    c.batch([Arrival(2, "b", 1, 1), bad, a_pass(1)])
+    c.batch([a_pass(2)])
+    crafted = c.done(close=True)
+    at = next(o for o in sorted(crafted.records) if o > min(o for o, r in crafted.records.items()
+                                                             if r == Arrival(2, "b", 1, 1)))
+    with TraceReader(crafted.path) as reader, pytest.raises(TraceFormatError):
+        list(reader.records())
+    with TraceReader(crafted.path, skip_damaged=True) as reader:
+        read = dict(reader.records())
+        assert all(read[o] == r for o, r in crafted.records.items())
+        (gap,) = reader.gaps
+        assert gap.lost == 1 and gap.end == at and gap.first_bad == gap.start and not reader.closed_cleanly
+        assert [p.seq for p in reader.passes()] == [0, 1, 2]
+
+
+def test_a_pass_that_fails_the_schema_is_lost_with_the_deltas_that_need_it(tmp_path: Path) -> None:
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0), a_delta(1)])
+    c.batch([b"\x93\xa4pass\x02\xa1x", a_delta(3), a_delta(4), a_pass(5)])
+    with TraceReader(c.done(close=True).path, skip_damaged=True) as reader:
+        assert [p.seq for p in reader.passes()] == [0, 1, 5]
+        assert [p.seq for _, p in reader.records() if isinstance(p, Pass)] == [0, 1, 5]
+        (gap,) = reader.gaps
+        assert (gap.lost, gap.orphans) == (1, 2)
+
+
+def test_a_cold_pass_at_far_into_a_long_chain_is_the_pass_read_in_order(tmp_path: Path) -> None:
+    """``pass_at`` builds only the pass asked for (delta.Walk); it must equal every delta applied in turn."""
+    path = long_chain(tmp_path / "t.trace", random.Random(3)).path
+    with TraceReader(path) as reader:
+        in_order = [p for _, p in reader.records() if isinstance(p, Pass)]
+    assert len(in_order) == 1024 and in_order[-1].running[0].output_len == 1 + 1023
+    for n in random.Random(1).sample(range(1024), 12) + [1023]:
+        with TraceReader(path) as reader:
+            assert reader.pass_at(n) == in_order[n]
+
+
+def test_a_swapped_pair_of_batches_costs_only_what_the_two_gaps_hold(tmp_path: Path) -> None:
+    """The footer still checks out but its index is stale: read past damage, the file is indexed by a walk."""
+    for name, crafted in cases("swap", 12, tmp_path):
+        with TraceReader(crafted.path, skip_damaged=True) as reader:
+            read = dict(reader.records())
+            gaps = reader.gaps
+            assert len(gaps) == 2, name
+            held = sum(1 for o in crafted.records if any(g.start <= o < g.end for g in gaps))
+            orphans = sum(g.orphans for g in gaps)
+            assert len(read) - 1 == len(crafted.records) - held - orphans, name
+            assert sum(g.lost for g in gaps) == held, name
