@@ -115,7 +115,7 @@ def read_arm(path: str | os.PathLike[str]) -> UserArm:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise UsageError(f"arm {path}: cannot read it: {exc.strerror or exc}") from None
+        raise ArmPatchError(str(path), "", f"cannot read it: {exc.strerror or exc}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -51,17 +51,21 @@ def _grid(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 
 
 def _arms(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
-    from schedtrace.arms.variants import parse_variant  # names only, no sglang
+    from schedtrace.arms.variants import canonical_variant  # names and arm files' text, no sglang
+    from schedtrace.tracer.contract.errors import ArmPatchError
 
     arms = [a.strip().replace(ARM_JOIN, ",") for a in value.split(",")]
     if "" in arms:
         raise UsageError(f"--arms: an empty arm in {value!r}")
+    canonical = []
     for arm in arms:
         try:
-            parse_variant(arm)
+            canonical.append(canonical_variant(arm))  # a file by its label, FILE@HASH
+        except ArmPatchError:
+            raise
         except UsageError as exc:
             raise UsageError(f"--arms {arm.replace(',', ARM_JOIN)}: {exc}") from None
-    return list(dict.fromkeys(arms))
+    return list(dict.fromkeys(canonical))
 
 
 def heatmap_axes(grid: dict[str, list[Value]], x: str | None, y: str | None) -> tuple[str, str | None]:
