@@ -74,7 +74,7 @@ from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.names import STOCK, error_text  # "Type: message", as the recorder writes Pass.error
 from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
 from schedtrace.tracer.contract.order import OrderError, order_indexes, order_runs
-from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass
+from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass, Retract
 
 _LOCK = threading.RLock()
 
@@ -243,10 +243,13 @@ class PassDriver:
         self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
         self._sort_randomly = staticmethod(self._recorded_shuffle)
 
-    def note(self, record: Arrival | Finish) -> None:
+    def note(self, record: Arrival | Finish | Retract) -> None:
         """An arrival's prefix ids, kept until its finish: the requests' shared prefixes."""
-        if type(record) is Arrival:
+        kind = type(record)
+        if kind is Arrival:
             self.book.note(record)
+        elif kind is Retract:
+            self.book.requeued(record.rid, record.t_ns)
         else:
             self.book.forget(record.rid)
 
@@ -278,7 +281,10 @@ class PassDriver:
         args = self.header.server_args
         s = Scheduler.__new__(Scheduler)
         s.grammar_manager = SimpleNamespace(has_waiting_grammars=lambda: False)
-        s.enable_priority_preemption = False
+        settings = self.header.settings
+        # As Scheduler.__init__ derives it: priority scheduling preempts unless told not to.
+        s.enable_priority_preemption = args.enable_priority_scheduling and not settings.get(
+            "disable_priority_preemption", True)
         s.is_hybrid_swa = self.header.is_hybrid_swa  # resets batch_is_full every pass
         s.min_free_slots_delayer = None
         s.processed_tokens_counter = 0
@@ -290,7 +296,7 @@ class PassDriver:
         s.req_to_token_pool = self.req_slots
         s.max_prefill_tokens = args.max_prefill_tokens
         s.is_mixed_chunk = args.enable_mixed_chunk
-        s.priority_scheduling_preemption_threshold = 0
+        s.priority_scheduling_preemption_threshold = int(settings.get("priority_scheduling_preemption_threshold") or 0)
         s.max_prefill_bs = 0
         s.max_running_requests = args.max_running_requests
         s.dllm_config = None

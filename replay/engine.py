@@ -50,7 +50,7 @@ from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK,
 from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Pass
+from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Pass, Retract
 from schedtrace.tracer.contract.traceset import RankTrace, open_traceset, source_paths
 
 logger = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | N
         if stop is not None and offset >= stop:
             break
         kind = type(record)
-        if kind is Arrival or kind is Finish:
+        if kind is Arrival or kind is Finish or kind is Retract:
             note(record)
             continue
         if offset < start:

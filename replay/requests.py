@@ -55,6 +55,8 @@ class ArrivalBook:
     prefixes: dict[str, bytes] = field(default_factory=dict)
     stamps: dict[str, int] = field(default_factory=dict)
     routing: dict[str, str] = field(default_factory=dict)
+    priorities: dict[str, int] = field(default_factory=dict)
+    arrived: dict[str, int] = field(default_factory=dict)  # rid -> t_ns it (last) joined the queue
 
     def note(self, arrival: Arrival) -> None:
         rid = arrival.rid
@@ -64,11 +66,21 @@ class ArrivalBook:
             self.stamps[rid] = arrival.processed_tokens
         if arrival.routing_key is not None:
             self.routing[rid] = str(arrival.routing_key)
+        if arrival.priority is not None:
+            self.priorities[rid] = arrival.priority
+        self.arrived[rid] = arrival.t_ns
+
+    def requeued(self, rid: str, t_ns: int) -> None:
+        """A retracted request joined the queue again."""
+        if rid in self.arrived:
+            self.arrived[rid] = t_ns
 
     def forget(self, rid: str) -> None:
         self.prefixes.pop(rid, None)
         self.stamps.pop(rid, None)
         self.routing.pop(rid, None)
+        self.priorities.pop(rid, None)
+        self.arrived.pop(rid, None)
 
     def stamp(self, req: Req) -> Req:
         """Set what the arrival recorded on a fresh ``Req``."""
@@ -140,7 +152,11 @@ def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
 
 
 def running_req(tokens: TokenSource, r: RunningReq) -> Req:
-    req = tokens.book.stamp(_make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos))
+    book = tokens.book
+    req = book.stamp(_make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos,
+                               book.priorities.get(r.rid)))
+    # Priority preemption picks the newest of the lowest priority: the time it joined the queue.
+    req.time_stats.wait_queue_entry_time = book.arrived.get(r.rid, 0) / 1e9
     req.kv.req_pool_idx = _HELD_ROW
     return req
 
