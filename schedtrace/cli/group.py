@@ -13,6 +13,7 @@ COMMANDS: dict[str, str] = {
     "info": "schedtrace.cli.info:info",
     "replay": "schedtrace.cli.replay:replay",
     "bisect": "schedtrace.cli.bisect:bisect",
+    "check": "schedtrace.cli.check:check",
     "tui": "schedtrace.cli.tui:tui",
     "export": "schedtrace.cli.export:export",
     "ranks": "schedtrace.cli.ranks:ranks",
