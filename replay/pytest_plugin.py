@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``pytest11``): ``SCHEDTRACE_FIXES`` applies the fixes inside pytest.
 
 ``SCHEDTRACE_FIXES=latch python -m pytest test_x.py`` runs the test against
-sglang with the ``latch`` fix applied, through the same call a live server
+sglang with the ``latch`` fix applied (``SCHEDTRACE_FIXES=./mine.diff``: with an
+sglang diff, or an edits module, applied: ``schedtrace.arms.user``), through the same call a live server
 makes (``schedtrace.arms.variants.install_fixes_from_env``), before any test
 module is collected. ``schedtrace repro`` verifies the tests it emits this
 way: once on stock, once per fix.
@@ -32,7 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from schedtrace.tracer.contract.names import FIXED
 
     try:
-        parse_variant(FIXED if value == "all" else value)  # a bad name fails before sglang is imported
+        parse_variant(FIXED if value == "all" else value)  # a bad name or diff fails before sglang is imported
     except SchedtraceError as exc:
         raise pytest.UsageError(f"{_FIXES_ENV}={value}: {exc}") from None
     from schedtrace.replay.sglang_env import ensure_sglang_importable

@@ -70,10 +70,17 @@ def _token_auth_if_available() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def _attempt(fn: Callable[[T], R], item: T) -> tuple[int, R]:
-    """Run in a Ray worker: ``fn(item)`` with the attempt number (0 first, 1 a retry, ...)."""
+def _attempt(fn: Callable[[T], R], item: T, arms: bytes = b"") -> tuple[int, R]:
+    """Run in a Ray worker: ``fn(item)`` with the attempt number (0 first, 1 a retry, ...).
+
+    ``arms``: the user arms the driver loaded (their text: a worker may not see the files),
+    registered here first so the arm labels in ``item`` resolve."""
     import ray
 
+    if arms:
+        from schedtrace.arms.user import install_shipped
+
+        install_shipped(arms)
     attempt = ray._private.worker.global_worker.core_worker.get_current_task_attempt_number()
     return attempt, fn(item)
 
@@ -150,8 +157,12 @@ class RayExecutor:
     # ------------------------------------------------------------------ work
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        from schedtrace.arms.user import shipped
+
         ray = self._ray
-        refs = [self._task.remote(fn, item) for item in items]
+        arms = shipped()  # msgpack of every user arm loaded here ([] when none)
+        arms_ref = ray.put(arms) if len(arms) > 1 else b""
+        refs = [self._task.remote(fn, item, arms_ref) for item in items]
         self._submitted += len(refs)
         pending = list(refs)
         try:

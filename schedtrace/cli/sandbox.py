@@ -25,7 +25,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="Port on 127.0.0.1 (default: a free one).")
 @click.option("--fixes", default=None, metavar="LIST",
-              help="Live scheduler fixes, e.g. 'all' or 'latch,one-chunk' (sets SCHEDTRACE_FIXES).")
+              help="Live scheduler fixes and arm files, e.g. 'all', 'latch,one-chunk' or './mine.diff' "
+              "(an sglang diff or an edits .py; sets SCHEDTRACE_FIXES).")
 @server_options
 @click.option("--overload", is_flag=True,
               help="The model's KV-pressure settings (chunked prefill, a tight pool, few slots).")

@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from schedtrace.arms.variants import absolute_variant
 from schedtrace.tracer.contract.errors import SandboxError, ServerStartError, UsageError
 from schedtrace.tracer.contract.names import DIR_ENV, FIXES_ENV
 from schedtrace.tracer.sandbox.models import KV_PRESSURE_ARGS, DEFAULT_MODEL, SandboxModel, model as find_model
@@ -102,7 +103,9 @@ def server_env(
     if trace_dir is not None:
         env[DIR_ENV] = str(trace_dir)
     if fixes:
-        env[FIXES_ENV] = fixes
+        # Arm files by absolute path: the server's processes may start elsewhere. A file that
+        # does not apply fails here, in one line, before the server starts.
+        env[FIXES_ENV] = fixes if fixes == "all" else absolute_variant(fixes)
     return env
 
 
@@ -149,7 +152,7 @@ class SandboxServer:
     stand_in_forward: stand in for the model forward even where the real one runs (speed).
     overload: add the model's overload arguments (``SandboxModel.overload_args``) before extra_args.
     trace_dir: passed as ``SCHEDTRACE_DIR`` (created if missing); None: no tracing.
-    fixes: passed as ``SCHEDTRACE_FIXES`` (e.g. ``"all"``, ``"latch,one-chunk"``).
+    fixes: passed as ``SCHEDTRACE_FIXES`` (e.g. ``"all"``, ``"latch,one-chunk"``, ``"./mine.diff"``).
     port: fixed port, or None for a free one on 127.0.0.1.
     extra_args: more ``sglang.launch_server`` arguments (e.g. ``KV_PRESSURE_ARGS``); they win.
     log_path: where server output goes; default: a fresh temporary directory.
