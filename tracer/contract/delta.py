@@ -16,6 +16,7 @@ names the file and offset).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from operator import attrgetter, itemgetter
 from typing import Final
@@ -280,25 +281,51 @@ def rebuild(old: Pass, delta: PassDelta, max_rows: int) -> Pass:
     return _made(delta, t_ns, waiting, running, chunked)
 
 
-def _whole(spans: list[int], old_n: int, fresh: list) -> bool:
-    """The runs copy the whole previous list and add nothing."""
-    return not fresh and len(spans) == 2 and spans[0] == 0 and spans[1] == old_n
+class _Indexed:
+    """A list as positions into every row met on the walk (``rows``): a copied run is an array slice."""
+
+    __slots__ = ("rows", "at")
+
+    def __init__(self, rows: list) -> None:
+        self.rows = list(rows)
+        self.at = array("q", range(len(rows)))
+
+    def apply(self, spans: list[int], fresh: list, max_rows: int, what: str) -> None:
+        at = self.at
+        if not fresh and len(spans) == 2 and spans[0] == 0 and spans[1] == len(at):
+            return  # the whole list again: nothing to copy
+        first = len(self.rows)
+        self.rows += fresh
+        out = array("q")
+        taken = 0
+        for start, count in plan(len(at), spans, len(fresh), max_rows, what):
+            if start == FRESH:
+                out.extend(range(first + taken, first + taken + count))
+                taken += count
+            else:
+                out += at[start : start + count]
+        self.at = out
+
+    def now(self) -> list:
+        rows = self.rows
+        return [rows[i] for i in self.at]
 
 
 class Walk:
     """Deltas applied one after another without building the passes between (a cold ``pass_at``).
 
-    ``rebuild`` makes every running row anew when the batch steps; here a row
-    keeps the object it was read as and its output_len less the steps so far
-    (``owed``), so each delta costs a few list slices, and the rows are built
-    once, for the pass asked for. The checks are ``rebuild``'s.
+    A list is kept as positions into the rows met so far, so a copied run
+    costs an array slice, not a reference per row; a running row keeps the
+    object it was read as and its output_len less the steps before it
+    (``owed``), and the rows are built once, for the pass asked for. The
+    checks are ``rebuild``'s.
     """
 
     def __init__(self, p: Pass, max_rows: int) -> None:
         self.max_rows = max_rows
-        self.seq, self.t_ns, self.chunked, self.waiting = p.seq, p.t_ns, p.chunked, p.waiting
-        self.running = p.running
-        self.owed = list(map(_output_len, p.running))
+        self.seq, self.t_ns, self.chunked = p.seq, p.t_ns, p.chunked
+        self.waiting, self.running = _Indexed(p.waiting), _Indexed(p.running)
+        self.owed = list(map(_output_len, p.running))  # by row met, as running.rows
         self.steps = 0
         # bounds of every owed value met (a superset of those alive): the range check is exact only if they fail
         self.lo, self.hi = min(self.owed, default=0), max(self.owed, default=0)
@@ -306,36 +333,25 @@ class Walk:
 
     def apply(self, delta: PassDelta) -> None:
         t_ns, chunked = _next(self.t_ns, self.chunked, delta)
-        waiting = self.waiting  # a list the delta keeps whole is kept, not copied (nothing here changes one)
-        if not _whole(delta.waiting_runs, len(waiting), delta.waiting_new):
-            waiting = _rows(waiting, delta.waiting_runs, delta.waiting_new, self.max_rows, "waiting")
+        self.waiting.apply(delta.waiting_runs, delta.waiting_new, self.max_rows, "waiting")
         steps = self.steps + delta.running_step
-        new = delta.running_new
-        new_owed = [r.output_len - steps for r in new]
-        rows, owed = self.running, self.owed
-        if not _whole(delta.running_runs, len(rows), new):
-            rows, owed = [], []
-            taken = 0
-            for start, count in plan(len(self.running), delta.running_runs, len(new), self.max_rows, "running"):
-                if start == FRESH:
-                    rows += new[taken : taken + count]
-                    owed += new_owed[taken : taken + count]
-                    taken += count
-                else:
-                    rows += self.running[start : start + count]
-                    owed += self.owed[start : start + count]
+        new_owed = [r.output_len - steps for r in delta.running_new]
+        self.running.apply(delta.running_runs, delta.running_new, self.max_rows, "running")
+        self.owed += new_owed
         self.lo, self.hi = min(self.lo, min(new_owed, default=self.lo)), max(self.hi, max(new_owed, default=self.hi))
-        if owed and not (INT_MIN <= self.lo + steps and self.hi + steps <= INT_MAX):
-            self.lo, self.hi = min(owed), max(owed)
+        if self.running.at and not (INT_MIN <= self.lo + steps and self.hi + steps <= INT_MAX):
+            alive = [self.owed[i] for i in self.running.at]
+            self.lo, self.hi = min(alive), max(alive)
             _in_range(self.lo + steps, self.hi + steps, f"running step {delta.running_step} takes an output_len")
-        self.seq, self.t_ns, self.chunked, self.waiting = delta.seq, t_ns, chunked, waiting
-        self.running, self.owed, self.steps, self.delta = rows, owed, steps, delta
+        self.seq, self.t_ns, self.chunked, self.steps, self.delta = delta.seq, t_ns, chunked, steps, delta
 
     def rebuilt(self) -> Pass:
         """The pass of the last delta applied."""
-        steps, delta = self.steps, self.delta
+        steps, delta, rows, owed = self.steps, self.delta, self.running.rows, self.owed
         assert delta is not None
-        running = [r if r.output_len == o + steps else RunningReq(r.rid, r.input_len, o + steps, r.max_new_tokens,
-                                                                    r.ignore_eos)
-                   for r, o in zip(self.running, self.owed)]
-        return _made(delta, self.t_ns, list(self.waiting), running, self.chunked)  # its own list, as rebuild's
+        running = []
+        for i in self.running.at:
+            r, o = rows[i], owed[i] + steps
+            running.append(r if r.output_len == o else RunningReq(r.rid, r.input_len, o, r.max_new_tokens,
+                                                                     r.ignore_eos))
+        return _made(delta, self.t_ns, self.waiting.now(), running, self.chunked)

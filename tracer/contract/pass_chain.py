@@ -32,7 +32,7 @@ from schedtrace.tracer.contract.delta import DeltaError, Walk, rebuild
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.framing import Gap
 from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
-from schedtrace.tracer.contract.pass_index import number_passes
+from schedtrace.tracer.contract.pass_index import number_passes, room
 from schedtrace.tracer.contract.schema import Pass, PassDelta, Record
 from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
 
@@ -65,14 +65,26 @@ class PassChain:
 
     @property
     def offsets(self) -> array:
-        if self._offsets is None or (not self._first_checked and self._reader.skip_damaged
-                                     and self._reader._integrity().gaps):
+        footer = self._offsets
+        if footer is None or (not self._first_checked and self._reader.skip_damaged
+                              and self._reader._integrity().gaps):
             self._offsets, keyframes = self._scan()
             self._keyframes = keyframes if self._deltas else None
             self._first_checked = True
+            if footer is not None:
+                self._pad(len(footer))
         elif not self._first_checked:
             self._check_first_pass()
         return self._offsets
+
+    def _pad(self, counted: int) -> None:
+        """A damaged closed file keeps the footer's pass count: passes lost after the last one read are
+        indexed at the start of the gap that holds them, as far as its bytes could hold them."""
+        offsets, gaps = self._offsets, self._reader._integrity().gaps
+        after = offsets[-1] + 1 if offsets else self._reader._data_start
+        gap, fits = room(gaps, after, self._reader._integrity().data_end + 1)
+        if gap is not None and counted > len(offsets):
+            offsets.extend(array("Q", [gap.start]) * min(counted - len(offsets), fits))
 
     def forget_lost(self) -> None:
         """A gap was added: the passes each gap holds are counted again when next needed."""
