@@ -271,3 +271,22 @@ def describe(label: str) -> str:
     files = ", ".join(plan.display for plan in loaded.plans) or "nothing"
     left = f"; left out (not sglang's Python package): {', '.join(loaded.ignored)}" if loaded.ignored else ""
     return f"{label}: {loaded.arm.kind} of {files}{left}"
+
+
+def file_spelling(variant: str) -> str:
+    """``variant`` with each user arm label as ``./FILE``: how ``SCHEDTRACE_FIXES`` names it beside the file."""
+    return ",".join(f"./{_LABEL.match(t).group('name')}" if is_label(t) else t
+                    for t in (part.strip() for part in variant.split(",")) if t)
+
+
+def write_files(variant: str, folder: Path) -> list[Path]:
+    """Each user arm of ``variant`` written into ``folder`` under its file name (for ``file_spelling``)."""
+    written = []
+    for token in (part.strip() for part in variant.split(",")):
+        if is_label(token):
+            arm = lookup(token).arm
+            target = folder / arm.name
+            target.write_text(arm.text, encoding="utf-8")
+            written.append(target)
+    return written
+

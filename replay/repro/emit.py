@@ -17,6 +17,7 @@ which variants the test passes under; ``verify`` checks the prediction.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,8 @@ from schedtrace.arms.fixes import FIXES
 from schedtrace.arms.patching import sglang_version
 from schedtrace.replay.repro import scaffold
 from schedtrace.replay.repro.target import Divergent
-from schedtrace.arms.variants import parse_variant
+from schedtrace.arms.user import file_spelling
+from schedtrace.arms.variants import parse_variant, targets_of, user_members
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.names import split_error
 from schedtrace.tracer.contract.report import Decision
@@ -101,18 +103,28 @@ def lit(value: Any) -> str:
 
 
 def fix_names(fixes: str) -> list[str]:
-    return [name for name in FIXES if name in parse_variant(fixes)]
+    """The built-in fixes of a variant in order, then its user arms' labels (``FILE@HASH``)."""
+    members = parse_variant(fixes)
+    return [name for name in FIXES if name in members] + user_members(members)
+
+
+def _story_of(fix: str) -> tuple[str, str]:
+    """A fix's (test name, behaviour); a user arm's are said from its file."""
+    if fix in FIX_STORIES:
+        return FIX_STORIES[fix]
+    stem = re.sub(r"\W+", "_", fix.partition("@")[0].rsplit(".", 1)[0]).strip("_").lower() or "arm"
+    return f"test_decides_as_{stem}", f"the scheduler must decide as the change in {fix} does"
 
 
 def function_name(case: Case) -> str:
     """The test function's name, from the fixes it is for."""
-    names = [FIX_STORIES[f][0].removeprefix("test_") for f in fix_names(case.divergent.fixes)]
+    names = [_story_of(f)[0].removeprefix("test_") for f in fix_names(case.divergent.fixes)]
     return "test_" + "_and_".join(names)
 
 
 def story(case: Case) -> str:
     """What the fix restores, as the assertion message ends."""
-    return "; ".join(FIX_STORIES[f][1] for f in fix_names(case.divergent.fixes))
+    return "; ".join(_story_of(f)[1] for f in fix_names(case.divergent.fixes))
 
 
 def sentence(text: str) -> str:
@@ -120,7 +132,7 @@ def sentence(text: str) -> str:
 
 
 def edited_functions(fixes: str) -> str:
-    targets = [e.target.partition(":")[2] for f in fix_names(fixes) for e in FIXES[f].edits]
+    targets = [t.partition(":")[2] for f in fix_names(fixes) for t in targets_of(f)]
     return ", ".join(dict.fromkeys(targets))
 
 
@@ -313,7 +325,7 @@ def _docstring(cases: list[Case]) -> str:
     several = "es" if "," in fixes else ""
     lines += paragraph(
         f"Fails on sglang {version} as released; passes with the {fixes} fix{several}"
-        f" (`SCHEDTRACE_FIXES={fixes} python -m pytest` applies it, with schedtrace installed)."
+        f" (`SCHEDTRACE_FIXES={file_spelling(fixes)} python -m pytest` applies it, with schedtrace installed)."
         f" Recorded with sglang {first.header.sglang_version}. Imports only sglang, pytest and"
         " the standard library; runs on CPU."
     )

@@ -3,7 +3,8 @@
 Each run copies the module (and any files it reads) into an empty folder
 with an empty ``pytest.ini``, so no conftest or project configuration of
 the place it came from takes part: the module stands alone, as it will in
-sglang's tree. ``SCHEDTRACE_FIXES`` selects the variant; schedtrace's pytest
+sglang's tree. ``SCHEDTRACE_FIXES`` selects the variant (a user arm's file is copied beside the
+module and named ``./FILE``, as its user would run it); schedtrace's pytest
 plugin (``schedtrace.replay.pytest_plugin``) applies it before collection.
 Outcomes come from pytest's JUnit XML: a test passed, failed on an
 ``AssertionError`` (the test's own check), or broke (anything else).
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from schedtrace.tracer.contract.names import FIXES_ENV, STOCK
+from schedtrace.arms.user import file_spelling, write_files
+from schedtrace.tracer.contract.names import ARM_FILES_ENV, FIXES_ENV, STOCK
 
 PASSED: Final = "passes"
 FAILED: Final = "fails"
@@ -81,9 +83,10 @@ def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path]
         for path in (*modules, *extra_files):
             shutil.copy2(path, work / path.name)
         (work / "pytest.ini").write_text("[pytest]\n")
-        env = {k: v for k, v in os.environ.items() if k != FIXES_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in (FIXES_ENV, ARM_FILES_ENV)}
         if variant != STOCK:
-            env[FIXES_ENV] = variant
+            write_files(variant, work)  # a user arm's diff beside the test: SCHEDTRACE_FIXES=./mine.diff
+            env[FIXES_ENV] = file_spelling(variant)
         junit = work / "junit.xml"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
                    f"--junitxml={junit}", *(m.name for m in modules)]
