@@ -211,10 +211,10 @@ def _windows(stalls: list[Stall]) -> list[tuple[int | None, Stall]]:
     return out
 
 
-def _open_loop_findings(path: TraceSource, loops: _ClosedLoops, fixes: list[str]) -> list[StallFinding]:
+def _open_loop_findings(path: TraceSource, loops: _ClosedLoops, fixes: list[str], new: str = FIXED) -> list[StallFinding]:
     from schedtrace.replay.engine import replay_trace
 
-    report = replay_trace(path, STOCK, FIXED, stall_passes=loops.stall_passes, executor=loops.executor)
+    report = replay_trace(path, STOCK, new, stall_passes=loops.stall_passes, executor=loops.executor)
     divergences = sorted(report.divergences, key=lambda d: d.pass_)
     findings = []
     for after, stall in _windows(report.stalls.get(STOCK, [])):
@@ -241,14 +241,14 @@ def _open_loop_findings(path: TraceSource, loops: _ClosedLoops, fixes: list[str]
     return findings
 
 
-def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str]) -> list[StallFinding]:
+def _closed_loop_findings(loops: _ClosedLoops, from_pass: int, fixes: list[str], new: str = FIXED) -> list[StallFinding]:
     stock_run = loops.run(from_pass, STOCK)
     findings = []
     last_end = stock_run.stalls[-1].end_pass if stock_run.stalls else None
     for after, stall in _windows(stock_run.stalls):
         lo = from_pass if after is None else after
         steps = (
-            (p.seq, d, lambda p=p: loops.driver.decide(p, FIXED))
+            (p.seq, d, lambda p=p: loops.driver.decide(p, new))
             for p, d in zip(stock_run.passes, stock_run.decisions)
             if lo <= p.seq <= stall.start_pass
         )
@@ -271,9 +271,13 @@ def run_bisect(
     max_passes: int | None = None,
     modes: tuple[str, ...] = (OPEN_LOOP, CLOSED_LOOP),
     executor: Executor | None = None,
+    fixes: str | None = None,
 ) -> BisectReport:
     """Bisect every stock stall of the trace at ``path`` (a file or a rank's parts); with
-    ``executor``, the open-loop pass ranges and each size's fix subsets run as its tasks."""
+    ``executor``, the open-loop pass ranges and each size's fix subsets run as its tasks.
+
+    ``fixes``: the candidates searched, a variant (fixes and user arm files; default ``fixed``,
+    the four); the first divergence is where stock and all of them together first differ."""
     from schedtrace.replay.driver import PassDriver
     from schedtrace.replay.engine import check_variants, opened
     from schedtrace.arms.fixes import FIX_NAMES
@@ -283,13 +287,17 @@ def run_bisect(
         raise UsageError("--stall-passes must be at least 1")
     if max_passes is not None and max_passes < 1:
         raise UsageError("--max-passes must be at least 1")
-    fixes = sorted(FIX_NAMES)
-    check_variants(STOCK, FIXED)
+    from schedtrace.arms.variants import parse_variant, variant_label
+
+    members = parse_variant(fixes or FIXED)  # refuses candidates that change one function twice
+    new = variant_label(members)
+    fixes = sorted(members) if fixes else sorted(FIX_NAMES)
+    check_variants(STOCK, new)
     with opened(path) as reader:
         loops = _ClosedLoops(reader, PassDriver(reader.header), stall_passes, max_passes, executor)
         retried = executor.retried if executor is not None else 0
-        open_findings = _open_loop_findings(path, loops, fixes) if OPEN_LOOP in modes else []
-        closed_findings = _closed_loop_findings(loops, from_pass, fixes) if CLOSED_LOOP in modes else []
+        open_findings = _open_loop_findings(path, loops, fixes, new) if OPEN_LOOP in modes else []
+        closed_findings = _closed_loop_findings(loops, from_pass, fixes, new) if CLOSED_LOOP in modes else []
         trace_version = reader.header.sglang_version
         name = reader.path
         holes = scan_holes(reader)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from schedtrace.cli.options import (chosen_ranks, executor_for, from_pass_option, json_option, ray_options,
+from schedtrace.cli.options import (VARIANT, chosen_ranks, executor_for, from_pass_option, json_option, ray_options,
                                     stall_passes_option, damaged_traces_argument)
 from schedtrace.cli.holes import print_holes
 from schedtrace.cli.per_rank import exit_if_tripped, retry_note, write_reports
@@ -115,9 +115,13 @@ def render(report: BisectReport, console: Console, *, modes: tuple[str, ...] = M
               help="Bound every closed loop to this many passes (default: enough for every request to finish).")
 @click.option("--mode", type=click.Choice(sorted(MODES)), default="both", show_default=True,
               help="Which stalls to bisect: open-loop (recorded passes), closed-loop, or both.")
+@click.option("--fixes", type=VARIANT, default=None, metavar="LIST",
+              help="The candidates the smallest fix set is searched among: fixes and arm files "
+              "(.diff/.patch, edits .py), e.g. 'latch,./mine.diff' (default: the four fixes).")
 @ray_options
 def bisect(traces: TraceSet, rank: str | None, run_id: str | None, stall_passes: int, json_out: str | None,
-           from_pass: int, max_passes: int | None, mode: str, use_ray: bool, address: str | None) -> None:
+           from_pass: int, max_passes: int | None, mode: str, fixes: str | None, use_ray: bool,
+           address: str | None) -> None:
     """Find where each stock stall of each rank of TRACE... (files, globs or directories; a rank's
     parts read as one) began and the fewest fixes that remove it."""
     from schedtrace.replay.bisect import dump_bisect, run_bisect
@@ -133,7 +137,7 @@ def bisect(traces: TraceSet, rank: str | None, run_id: str | None, stall_passes:
                 which = f" on {r.label}" if len(ranks) > 1 else ""
                 activity.phase(f"bisecting stalls ({mode}){which}")  # no per-pass progress from replay.bisect yet
                 reports[r.label] = run_bisect(r, stall_passes=stall_passes, from_pass=from_pass,
-                                              max_passes=max_passes, modes=MODES[mode],
+                                              max_passes=max_passes, modes=MODES[mode], fixes=fixes,
                                               executor=executor if use_ray else None)
                 if reports[r.label].closed_loop:
                     recorded[reports[r.label].trace] = RecordedPasses(r, from_pass)
