@@ -27,7 +27,9 @@ The contract, per case:
 * memory stays bounded (tracemalloc peak, on the hostile cases and a sample).
 
 A failure prints the base, the case number and the mutation: rerun it with
-``FUZZ_ONLY=base:case`` (and the same ``FUZZ_SEED``).
+``FUZZ_ONLY=base:case`` (and the same ``FUZZ_SEED``). Files crafted with
+valid checksums, batches swapped or copied in, and records that fail the
+schema are tests/test_hostile.py's (issue 23).
 """
 
 from __future__ import annotations

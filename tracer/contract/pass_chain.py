@@ -39,7 +39,7 @@ from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
 if TYPE_CHECKING:
     from schedtrace.tracer.contract.reader import TraceReader
 
-MIN_ROW_BYTES: Final = 6  # no request row encodes shorter: a rebuilt list is as long as a record could hold
+MIN_ROW_BYTES: Final = 5  # no request row encodes shorter (a running row ["", 0, 0, 0]): a list a record could hold
 
 
 class PassChain:
