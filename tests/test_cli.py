@@ -168,7 +168,7 @@ def test_the_stall_rule_is_said_in_the_same_words_everywhere(trace, capsys):
         assert run([name, "--help"]) == 0
         assert STALL_RULE in flat(capsys.readouterr().out), name
     assert STALL_RULE in flat("\n".join(info_lines(trace)))
-    for doc in ("otel.md", "replay-report.md", "closed-loop.md"):
+    for doc in ("otel.md", "replay-report.md", "closed-loop.md", "glossary.md"):
         assert STALL_RULE.replace("(sglang's own admission check)", "") in flat((REPO / "docs" / doc).read_text()), doc
 
 
