@@ -40,6 +40,7 @@ import msgspec
 
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
 from schedtrace.tracer.analysis.holes import holes_warning, scan_holes
+from schedtrace.tracer.analysis.settings import unreplayed
 from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields, order_matches
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.executor import Executor, LocalExecutor, TraceFiles, local_paths, trace_files
@@ -329,6 +330,7 @@ def replay_trace(
             logger.warning("%s: %s", name, message)
         if not header.prefix_block:
             warnings.append(NO_PREFIX_IDS)
+        warnings += unreplayed(header.settings, header.server_args.enable_priority_scheduling)
         total = reader.pass_count  # one scan of an unclosed file; finds a torn tail
         fingerprint = reader.fingerprint()
         done = 0

@@ -27,14 +27,18 @@ class Request:
     priority: int | None = None
     abort_after_s: float | None = None  # the client drops the connection after this long
     delay_s: float = 0.0  # sent this long after the load starts
+    routing_key: str | None = None
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
-def policy_requests(tag: str, *, priorities: bool = False, aborts: int = 2, seed: int = 0) -> list[Request]:
-    """Families of 4 sharing a 600-token prefix (arriving together), singles, and ``aborts`` aborts."""
+def policy_requests(tag: str, *, priorities: bool = False, aborts: int = 2, seed: int = 0,
+                    routing: bool = False) -> list[Request]:
+    """Families of 4 sharing a 600-token prefix (arriving together), singles, and ``aborts`` aborts.
+
+    ``routing``: each family shares a routing key (the routing-key policy's input)."""
     rng = random.Random(f"{tag}-{seed}")
     out: list[Request] = []
     for wave in range(3):
@@ -43,7 +47,8 @@ def policy_requests(tag: str, *, priorities: bool = False, aborts: int = 2, seed
             for member in range(4):
                 prio = rng.randrange(0, 3) if priorities else None
                 out.append(Request(f"{tag}-w{wave}f{family}m{member}", prefix + _ids(rng, rng.randrange(40, 400)),
-                                   rng.randrange(8, 40), prio, delay_s=wave * 1.5))
+                                   rng.randrange(8, 40), prio, delay_s=wave * 1.5,
+                                   routing_key=f"family-{family}" if routing else None))
         for single in range(4):
             prio = rng.randrange(0, 3) if priorities else None
             out.append(Request(f"{tag}-w{wave}s{single}", _ids(rng, rng.randrange(100, 1800)),
@@ -60,6 +65,8 @@ def send(url: str, request: Request, timeout_s: float = 300.0) -> str:
     body: dict = {"rid": request.rid, "input_ids": request.input_ids, "sampling_params": params}
     if request.priority is not None:
         body["priority"] = request.priority
+    if request.routing_key is not None:
+        body["routing_key"] = request.routing_key
     http = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
                                   headers={"Content-Type": "application/json"})
     try:

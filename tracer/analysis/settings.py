@@ -101,7 +101,7 @@ OPEN_LOOP_NEUTRAL: Final = {
 
 # Recorded values replay cannot reproduce: (setting, value replay assumes). Another value warns.
 ASSUMED: Final = {
-    "disable_priority_preemption": True,  # replay runs no preemption (it would release running KV)
+    "disable_priority_preemption": True,  # replay cannot release a preempted request's KV
     "enable_prefill_delayer": False,
     "min_free_slots_delay": None,
     "prefill_decode_interval": None,
@@ -124,9 +124,92 @@ def unreplayed(settings: dict[str, object], enable_priority_scheduling: bool) ->
         value = settings[name]
         if name == "disable_priority_preemption":
             if enable_priority_scheduling and not value:
-                out.append("priority preemption was on: replay admits without preempting running requests")
+                out.append("priority preemption was on: a pass that preempts a running request replays as an "
+                           "error (replay cannot release a running request's KV)")
             continue
         if name == "SGLANG_EXACT_CHUNK_FILL" or value in (assumed, None, "", 0) or value == assumed:
             continue
         out.append(f"{name}={value!r}: replay runs as if {assumed!r}")
     return out
+
+
+# --- what the scheduling code reads and this file leaves out, with why (tests/test_settings.py) ---
+
+_STORAGE = "a host or storage cache tier: read only with the hierarchical cache, which is recorded and warned on"
+_KERNEL = "a kernel, layout or device choice of the forward or the pools' memory: not an admission input"
+_DEBUG = "debugging, logging or a test hook of another subsystem: no decision reads it"
+_START = "sizes or builds pools and threads at start: the header records the pools built"
+_BETWEEN = "how memory is handled between passes or in the forward: the recorded counts hold its effect"
+
+# Families of names, by prefix.
+NEUTRAL_PREFIXES: Final = {
+    "MOONCAKE_": _STORAGE, "SGLANG_HICACHE_": _STORAGE, "SGLANG_TEST_HICACHE": _STORAGE,
+    "hicache_": _STORAGE, "lmcache_": _STORAGE, "flexkv_": _STORAGE, "hisparse_": _STORAGE,
+    "unified_cache_": _STORAGE, "SGLANG_DSV4_": _KERNEL, "SGLANG_OPT_": _BETWEEN, "SGLANG_HIP_": _KERNEL,
+    "SGLANG_NPU_": _KERNEL, "SGLANG_AMD_": _KERNEL, "SGLANG_DEBUG_": _DEBUG, "SGLANG_LOG_": _DEBUG,
+    "SGLANG_RUST_": _START, "SGLANG_MM_": _KERNEL,
+}
+
+# Single names.
+DECISION_NEUTRAL: Final = {
+    # ServerArgs (schedule and memory) fields
+    "disable_overlap_schedule": "the header records whether the overlap loop ran (overlap_schedule)",
+    "mem_fraction_static": _START,
+    "enable_flexkv": _STORAGE, "enable_lmcache": _STORAGE, "enable_hisparse": _STORAGE,
+    "enable_unified_cache_external_linker": _STORAGE,
+    "enable_page_major_kv_layout": _KERNEL,
+    "enable_session_radix_cache": "streaming sessions reuse a slot outside the queue: not replayed",
+    "enable_unified_memory": "refused by replay: hybrid pools in one byte envelope (replay.hybrid)",
+    "radix_cache_backend": "the tree's implementation, recorded as the header's tree class",
+    "radix_eviction_policy_config": "eviction order between passes: the recorded counts hold it",
+    "enable_linker_mla_dedup": _KERNEL, "enable_pd_role_switch": "disaggregation, recorded as disaggregation_mode",
+    "file_storage_path": _STORAGE, "sampling_mask_max_tokens": "sampling, after the batch is built",
+    # environment settings
+    "SGLANG_AITER_KV_CACHE_LAYOUT": _KERNEL, "SGLANG_USE_AITER": _KERNEL, "SGLANG_USE_HND_KVCACHE": _KERNEL,
+    "SGLANG_MLA_DEDUP_CHUNK_TOKENS": _KERNEL, "SGLANG_NATIVE_MOVE_KV_CACHE": _KERNEL,
+    "SGLANG_HUGEPAGE_SIZE": _START, "SGLANG_NUMA_BIND_V2": _START, "SGLANG_SET_CPU_AFFINITY": _START,
+    "SGLANG_VLM_CACHE_SIZE_MB": _START, "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": _STORAGE,
+    "SGLANG_COMPACTION_MAX_PAGES_PER_MOVE": "page compaction moves KV without changing counts",
+    "SGLANG_DISABLE_LAZY_COMPACTION": "page compaction moves KV without changing counts",
+    "SGLANG_LAZY_COMPACTION_MAX_MOVES_PER_CALL": "page compaction moves KV without changing counts",
+    "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "the overlap loop's batching, after the pass",
+    "SGLANG_DISABLE_FUSED_MAMBA_SLOT_OPS": _KERNEL,
+    "SGLANG_DISAGG_STAGING_BUFFER": "disaggregation, recorded as disaggregation_mode",
+    "SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION": "speculative decoding, recorded as speculative_algorithm",
+    "SGLANG_ENABLE_PP_SPEC": "speculative decoding, recorded as speculative_algorithm",
+    "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "speculative decoding, recorded as speculative_algorithm",
+    "SGLANG_ENABLE_HICACHE_SWA_TAIL_ONLY_BACKUP": _STORAGE,
+    "SGLANG_ENABLE_KV_SHARD_ZERO_SM_GATHER": _KERNEL, "SGLANG_ENABLE_WAR_BARRIER": _KERNEL,
+    "SGLANG_FORCE_COARSE_WAR_BARRIER": _KERNEL,
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": _DEBUG, "SGLANG_KILLPG_ON_SCHEDULER_EXCEPTION": _DEBUG,
+    "SGLANG_MAMBA_DEBUG_ASSERTS": _DEBUG, "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL": _DEBUG,
+    "SGLANG_TEST_SCRIPTED_RUNTIME": _DEBUG, "SGLANG_TEST_STUCK_SCHEDULER_INIT": _DEBUG,
+    "SGLANG_PREFILL_DELAYER_MAX_PREFILL_BS_WINDOW_SIZE": "the prefill delayer, recorded as enable_prefill_delayer",
+    "SGLANG_SCHEDULER_MAX_RECV_PER_POLL": "how many requests one poll reads: the arrivals are recorded",
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "the tree's implementation, recorded as the header's tree class",
+    "SGLANG_DP_RANK": "the rank, recorded in the header",
+}
+
+# Config bags other than schedule and memory, each as a whole.
+NEUTRAL_BAGS: Final = {
+    "context": "sglang's config registry itself",
+    "device": "the device and its watchdogs",
+    "disagg": "disaggregation, recorded as disaggregation_mode (warned on)",
+    "exec": "kernels, graphs and the mamba extra buffer: the header records the chunk grid and the pools",
+    "kvcache": "the KV pool's memory: the header records the pools",
+    "lora": "adapters, recorded as enable_lora (warned on)",
+    "mm": "multimodal inputs, before the queue",
+    "model": "the model: the header records its path",
+    "observability": "metrics and tracing",
+    "parallel": "ranks and groups: the header records every rank and size, and replay runs one rank",
+    "platform": "the hardware family: the header records exact_chunk_fill, the one admission input from it",
+    "serving": "tokenizer and HTTP serving, before the queue",
+    "spec": "speculative decoding, recorded as speculative_algorithm (warned on)",
+}
+
+
+def neutral_reason(name: str) -> str | None:
+    """Why ``name`` is left out of ``Header.settings`` (None: it is not)."""
+    if name in DECISION_NEUTRAL:
+        return DECISION_NEUTRAL[name]
+    return next((why for prefix, why in NEUTRAL_PREFIXES.items() if name.startswith(prefix)), None)

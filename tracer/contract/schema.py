@@ -220,6 +220,8 @@ class Pass(_Record, tag="pass"):
     admitted: list[Admitted]
     chunk: ChunkOutcome | None
     new_chunked_rid: str | None
+    # The running batch's flag when admission ended (at batch construction; the
+    # returned batch's where the pass built none; False when it raised).
     batch_is_full_out: bool
     error: str | None = None  # exception raised by the pass: "Type: message"
     # The order SchedulePolicy.calc_priority left the queue in, as runs (start, count) over

@@ -45,7 +45,7 @@ class PassCapture(Deferred):
         "chunked", "chunked_prefix", "chunked_out", "batch_is_full_in",
         "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
         "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
-        "in_chunk", "budget", "events", "slots", "order", "processed_tokens",
+        "in_chunk", "budget", "events", "slots", "order", "processed_tokens", "batch", "full_at_batch",
     )
 
     def __init__(self, scheduler: Any, running_batch: Any, t_ns: int, readers: pools.PoolReaders) -> None:
@@ -61,6 +61,8 @@ class PassCapture(Deferred):
         self.waiting = waiting
         self.waiting_prefix = [req.prefix_len for req in waiting]
         self.waiting_out = [len(req.output_ids) for req in waiting]
+        self.batch = running_batch  # until close: batch construction reads its flag
+        self.full_at_batch: bool | None = None
         if running_batch is not None:
             running = list(running_batch.reqs)
             self.batch_is_full_in = bool(running_batch.batch_is_full)
@@ -115,6 +117,12 @@ class PassCapture(Deferred):
                 for req, i in zip(queue, perm):
                     prefix[i] = req.prefix_len
 
+    def batch_built(self) -> None:
+        """``ScheduleBatch.init_new`` ran: admission is over."""
+        batch = self.batch
+        if batch is not None:
+            self.full_at_batch = bool(batch.batch_is_full)
+
     def add_chunk(self, req: Any, ran: bool) -> None:
         """The ``add_chunked_req`` call: what the budget offered the continuing chunk and what ran."""
         size = req.extend_len if ran else None
@@ -128,8 +136,13 @@ class PassCapture(Deferred):
         new_chunked = scheduler.chunked_req
         if new_chunked is not None and new_chunked is not self.chunked:
             self.new_chunked_rid = new_chunked.rid
-        if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
+        if self.full_at_batch is not None and error is None:
+            # The flag as admission left it: the mixed-chunk step after batch construction
+            # clears it for requests the overlap loop is finishing, state no pass holds.
+            self.batch_is_full_out = self.full_at_batch
+        elif isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
             self.batch_is_full_out = bool(result[1].batch_is_full)
+        self.batch = None
         if error is not None:
             self.error = error_text(error)
         return not self.admitted and self.chunk is None and self.new_chunked_rid is None and not self.events

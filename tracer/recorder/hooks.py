@@ -7,6 +7,8 @@ The hooks run on sglang's scheduler thread, the pass hook on every pass:
   then the call through; otherwise a ``PassCapture`` from entry to exit;
 * ``SchedulePolicy.calc_priority``: the order it left the queue in and, where
   it matched prefixes, each waiting request's match of this pass;
+* ``ScheduleBatch.init_new``: admission is over; the running batch's flag
+  then is ``Pass.batch_is_full_out`` (the replay stops there too);
 * ``PrefillAdder.add_one_req`` / ``add_chunked_req`` and the budgets'
   ``available_chunk_tokens``: each candidate and the continuing chunk, into
   the running capture. While a candidate with a prefix match is added,
@@ -67,6 +69,7 @@ BUDGET_CLASSES = ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")
 
 PASS_TARGET = f"{SCHED}._get_new_batch_prefill_raw"
 CALC_PRIORITY_TARGET = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
+INIT_NEW_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.init_new"
 ADD_ONE_REQ_TARGET = f"{ADDER}.add_one_req"
 ADD_CHUNKED_REQ_TARGET = f"{ADDER}.add_chunked_req"
 BUDGET_TARGETS = tuple(f"{BUDGET_MODULE}.{cls}.available_chunk_tokens" for cls in BUDGET_CLASSES)
@@ -76,7 +79,7 @@ MAMBA_ROWS_TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.alloc
 
 # Every hook point one scheduling pass runs through (the bench and the tests drive these).
 PASS_TARGETS: tuple[str, ...] = (
-    PASS_TARGET, CALC_PRIORITY_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
+    PASS_TARGET, CALC_PRIORITY_TARGET, INIT_NEW_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
     *LOCK_TARGETS,
 )
 
@@ -148,6 +151,15 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
             except Exception as exc:
                 hook_failed("calc_priority", exc)
         return result
+
+    def init_new_hook(original, cls, *args, **kwargs):
+        cap = rec.capture
+        if cap is not None:
+            try:
+                cap.batch_built()
+            except Exception as exc:
+                hook_failed("init_new", exc)
+        return original(cls, *args, **kwargs)
 
     def add_one_req_hook(original, adder, req, *args, **kwargs):
         cap = rec.capture
@@ -380,6 +392,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         (f"{SCHED}.abort_request", abort_request_hook),
         (STREAM_OUTPUT, stream_output_hook),
         (CALC_PRIORITY_TARGET, calc_priority_hook),
+        (INIT_NEW_TARGET, init_new_hook),
         (ADD_ONE_REQ_TARGET, add_one_req_hook),
         (ADD_CHUNKED_REQ_TARGET, add_chunked_req_hook),
         *[(target, chunk_budget_hook) for target in BUDGET_TARGETS],

@@ -156,6 +156,7 @@ class SandboxServer:
     port: fixed port, or None for a free one on 127.0.0.1.
     extra_args: more ``sglang.launch_server`` arguments (e.g. ``KV_PRESSURE_ARGS``); they win.
     log_path: where server output goes; default: a fresh temporary directory.
+    env: more environment variables for the server (e.g. sglang's ``SGLANG_TEST_RETRACT``).
     """
 
     def __init__(
@@ -174,8 +175,10 @@ class SandboxServer:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         graceful_stop_s: float = DEFAULT_GRACEFUL_STOP_S,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.model = find_model(model)
+        self.env = dict(env or {})
         self.dp = dp
         self.tp = max(tp, dp)
         rank_args(self.tp, self.dp)  # bad ranks fail here, not in the server
@@ -226,7 +229,7 @@ class SandboxServer:
         return launch_command(self.port, self.extra_args, self.model, self.tp, self.dp)
 
     def environment(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-        return server_env(base, self.trace_dir, self.fixes, self.stand_ins, self.tp)
+        return server_env({**base, **self.env}, self.trace_dir, self.fixes, self.stand_ins, self.tp)
 
     def start(self) -> "SandboxServer":
         """Launch and wait until healthy; raises ``ServerStartError`` with the log tail."""
