@@ -218,3 +218,20 @@ def test_an_arm_shipped_as_text_resolves_where_its_file_is_not(tmp_path, monkeyp
     user.install_shipped(data)
     assert user.lookup(label).arm.path == "" and user.lookup(label).targets == (
         "sglang.srt.managers.schedule_policy:CLIP_MAX_NEW_TOKENS",)
+
+
+def test_a_process_started_from_here_finds_the_arm_by_its_label(tmp_path):
+    """The TUI's replay child gets the label on its command line; the file comes from $SCHEDTRACE_ARM_FILES."""
+    import io
+    import os
+
+    from schedtrace.tui.replay_child import read_frames
+
+    label = user.load(make_diff(tmp_path / "clip16.diff", POLICY, CLIP))
+    assert str(tmp_path / "clip16.diff") in os.environ[ARM_FILES_ENV].split(os.pathsep)
+    trace = REPO / "traces" / "hybrid-swa-gptoss.trace"
+    done = subprocess.run([sys.executable, "-m", "schedtrace.tui.replay_child", "stock", label, str(trace)],
+                          capture_output=True, timeout=600)
+    frames = dict(read_frames(io.BytesIO(done.stdout)))
+    assert "failed" not in frames, frames.get("failed")
+    assert frames["done"].new == label
