@@ -33,6 +33,7 @@ from schedtrace.cli import run
 from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.reader import UNKNOWN_TAGS
 from schedtrace.tracer.contract.schema import Arrival, Pass
 
 CASES = int(os.environ.get("HOSTILE_CASES", "15"))
@@ -166,3 +167,16 @@ def test_the_cli_prints_a_hostile_file_as_holes_or_one_line_never_a_traceback(fa
             assert run(["convert", path, str(tmp_path / f"{name}.v1"), "--to-version", "1"]) in (0, 2), name
         err = capsys.readouterr().err
         assert "Traceback" not in err and len(err.splitlines()) <= 1, f"{name}: {err}"
+
+
+def test_a_run_of_bad_records_is_one_gap_and_unknown_tags_are_counted_in_bounded_memory(tmp_path: Path) -> None:
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0)])
+    c.batch([b"\x00"] * 1000)  # a thousand records that are not tagged arrays: one gap, not a thousand
+    c.batch([b"\x91\xa5" + f"{i:05d}".encode() for i in range(500)])  # five hundred unknown tags
+    c.batch([a_pass(1)])
+    with TraceReader(c.done().path, skip_damaged=True) as reader:
+        assert [p.seq for _, p in reader.records() if isinstance(p, Pass)] == [0, 1]
+        (gap,) = reader.gaps
+        assert (gap.lost, gap.end - gap.start) == (1000, 1000)
+        assert len(reader.unknown_records) == UNKNOWN_TAGS + 1 and sum(reader.unknown_records.values()) == 500

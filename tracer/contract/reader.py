@@ -31,9 +31,10 @@ import hashlib
 import mmap
 import os
 from array import array
-from bisect import bisect_right, insort
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import Final
 
 import msgspec
@@ -50,7 +51,10 @@ from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TA
 from schedtrace.tracer.contract.verify import Integrity, check_framed, check_plain, walk_plain
 
 RELEASE_AFTER_CHECK_BYTES: Final = 64 << 20  # a check of a file this big drops the pages it touched
+UNKNOWN_TAGS: Final = 64  # distinct unknown tags counted by name; the rest as OTHER_TAGS (the file names them)
+OTHER_TAGS: Final = "(other tags)"
 FINGERPRINT_TAIL_BYTES: Final = 4096
+_gap_start = attrgetter("start")
 
 
 class TraceReader:
@@ -326,8 +330,7 @@ class TraceReader:
                     position = self._frame_failed(bad, region_end)
 
     def _frame_failed(self, bad: BadBytes, region_end: int) -> int:
-        """A record that will not step over inside checked data: where to go on (the torn end of the file is
-        expected; anything else is a batch that checks out but is not records, an error or a gap)."""
+        """Where to go on after a record that will not step over in checked data (a torn end, or a gap)."""
         found = self._integrity()
         if bad.torn and region_end == found.data_end and found.truncated_at is not None:
             return region_end
@@ -336,8 +339,7 @@ class TraceReader:
         gap = self._gap_holding(bad.offset)
         if gap is None:
             end, lost = self._rest_of_batch(bad.offset, region_end)
-            gap = Gap(start=bad.offset, end=end, lost=lost, reason=bad.reason, first_bad=bad.offset)
-            self._add_gap(gap)
+            gap = self._add_gap(Gap(start=bad.offset, end=end, lost=lost, reason=bad.reason, first_bad=bad.offset))
         return max(gap.end, bad.offset + 1)
 
     def _rest_of_batch(self, offset: int, limit: int) -> tuple[int, int | None]:
@@ -347,41 +349,52 @@ class TraceReader:
         marker = read_marker(self._mm, batches[at], limit) if at >= 0 else None
         if not isinstance(marker, Marker) or marker.end <= offset:
             return limit, None  # not in a checked batch (an unchecked tail): its count is unknown
-        before = 0
         try:
-            for _ in frames(self._mm, marker.payload, offset, self.max_record_bytes):
-                before += 1
+            before = sum(1 for _ in frames(self._mm, marker.payload, offset, self.max_record_bytes))
         except BadBytes:
             return min(marker.end, limit), None
         return min(marker.end, limit), max(marker.n_records - before, 0)
 
-    def _bad_record(self, offset: int, reason: str) -> TraceFormatError:
-        """The error for a record that cannot be used; reading on past damage, it is first made a gap."""
+    def _bad_record(self, offset: int, reason: str, end: int | None = None) -> TraceFormatError:
+        """The error for a record that cannot be used (ending at ``end``); past damage, a gap is made first."""
         if not self.skip_damaged:
             return TraceFormatError(self.path, offset, reason)
-        gap = self._gap_holding(offset)
-        if gap is None:
-            try:
-                end = frame_end(self._mm, offset, self._integrity().data_end, self.max_record_bytes)
-            except BadBytes:
-                end = offset + 1
-            gap = Gap(start=offset, end=end, lost=1, reason=reason, first_bad=offset)
-            self._add_gap(gap)
-        return TraceDamagedError(self.path, gap)
+        return TraceDamagedError(self.path, self._bad_gap(offset, reason, end))
 
-    def _refuse(self, offset: int, reason: str) -> None:
+    def _refuse(self, offset: int, reason: str, end: int | None = None) -> None:
         """A record that cannot be used: raise, or (``skip_damaged``) make it a gap and go on."""
-        error = self._bad_record(offset, reason)
         if not self.skip_damaged:
-            raise error
+            raise TraceFormatError(self.path, offset, reason)
+        self._bad_gap(offset, reason, end)
 
-    def _add_gap(self, gap: Gap) -> None:
-        insort(self._integrity().gaps, gap, key=_gap_start)
+    def _bad_gap(self, offset: int, reason: str, end: int | None) -> Gap:
+        """The gap holding the bad record at ``offset``, made one if there is none."""
+        gaps = self._integrity().gaps
+        gap = gaps[-1] if gaps and gaps[-1].start <= offset else self._gap_holding(offset)  # mostly: in file order
+        if gap is not None and gap.start <= offset < max(gap.end, gap.start + 1):
+            return gap
+        try:
+            end = end or frame_end(self._mm, offset, self._integrity().data_end, self.max_record_bytes)
+        except BadBytes:
+            end = offset + 1
+        return self._add_gap(Gap(start=offset, end=end, lost=1, reason=reason, first_bad=offset))
+
+    def _add_gap(self, gap: Gap) -> Gap:
+        """Add a gap found while reading; one that starts where the last before it ends joins it (a run of bad
+        records is one gap, so their gaps cost no more memory than their bytes)."""
+        gaps = self._integrity().gaps
+        at = len(gaps) if not gaps or gaps[-1].start <= gap.start else bisect_right(gaps, gap.start, key=_gap_start)
+        before = gaps[at - 1] if at else None
+        if before is not None and before.end == gap.start and before.lost is not None and gap.lost is not None:
+            gap = gaps[at - 1] = msgspec.structs.replace(before, end=gap.end, lost=before.lost + gap.lost)
+        else:
+            gaps.insert(at, gap)
         self._chain.forget_lost()
+        return gap
 
     def _gap_holding(self, offset: int) -> Gap | None:
         gaps = self._integrity().gaps
-        at = bisect_right(gaps, offset, key=lambda gap: gap.start) - 1
+        at = bisect_right(gaps, offset, key=_gap_start) - 1
         if at >= 0 and gaps[at].start <= offset < max(gaps[at].end, gaps[at].start + 1):
             return gaps[at]
         return None
@@ -408,28 +421,26 @@ class TraceReader:
         """The record in ``data`` (read at ``offset``); None for a marker, the tail or an unknown tag."""
         if tag is None:
             tag = peek_tag(data)
+        end = offset + len(data)
         decoder = self._decoders.get(tag)
         if decoder is None:
             if tag is None:
-                return self._refuse(offset, "expected a tagged record array")
+                return self._refuse(offset, "expected a tagged record array", end)
             if tag in (MARKER_TAG, TAIL_TAG):
                 return None  # framing, not a record (a bad marker is a gap already)
             if (tag == "header") != (offset == 0) or tag == "footer":
-                return self._refuse(offset, f"a {tag} record inside the data")
+                return self._refuse(offset, f"a {tag} record inside the data", end)
             if tag == DELTA_TAG:
-                return self._refuse(offset, "a delta pass record in a v1 trace")
+                return self._refuse(offset, "a delta pass record in a v1 trace", end)
             decoder = DECODERS.get(tag)
             if decoder is None:
-                self.unknown_records[tag] += 1
+                unknown = self.unknown_records
+                unknown[tag if tag in unknown or len(unknown) < UNKNOWN_TAGS else OTHER_TAGS] += 1
                 return None
         try:
             return decoder.decode(data)
         except msgspec.DecodeError as exc:
-            return self._refuse(offset, f"bad {tag!r} record: {exc}")
-
-
-def _gap_start(gap: Gap) -> int:
-    return gap.start
+            return self._refuse(offset, f"bad {tag!r} record: {exc}", end)
 
 
 def combined_fingerprint(prints: list[str]) -> str:
