@@ -235,3 +235,36 @@ def test_a_process_started_from_here_finds_the_arm_by_its_label(tmp_path):
     frames = dict(read_frames(io.BytesIO(done.stdout)))
     assert "failed" not in frames, frames.get("failed")
     assert frames["done"].new == label
+
+
+def test_two_arms_that_change_one_function_alternate_without_leaking(tmp_path):
+    """Old and new arm pass by pass, both editing _get_new_batch_prefill_raw: what leaves goes first."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    function = Scheduler._get_new_batch_prefill_raw
+    stock = function.__code__
+    edits = tmp_path / "latch_edits.py"
+    edits.write_text("from schedtrace.arms.fixes import LATCH\nFIX = LATCH\n")
+    label = user.load(edits)
+    seen = {}
+    for arm in ("latch", label, "latch", "stock", label, label, "stock"):
+        with variants.applied(arm):
+            seen.setdefault(arm, function.__code__)
+            assert function.__code__ is seen[arm]
+    assert seen["stock"] is stock and len({id(c) for c in seen.values()}) == 3
+    assert function.__code__ is stock
+
+
+def test_bisect_searches_user_arms_among_the_fixes(tmp_path):
+    from loop_traces import latch_reproduction
+
+    from schedtrace.replay.bisect import OPEN_LOOP, run_bisect
+
+    latch_diff = tmp_path / "latch.diff"
+    sections = re.split(r"(?=^diff --git )", BUILTIN_DIFF_PATH.read_text(), flags=re.M)
+    latch_diff.write_text(next(s for s in sections if s.startswith("diff --git") and "/scheduler.py" in s.split("\n")[0]))
+    label = user.load(latch_diff)
+    report = run_bisect(latch_reproduction(tmp_path / "latch.trace"), modes=(OPEN_LOOP,),
+                        fixes=f"chunk-cap,{latch_diff}")
+    assert report.fixes == sorted(["chunk-cap", label])
+    assert report.open_loop[0].fix_set == [label]
