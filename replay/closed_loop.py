@@ -260,6 +260,8 @@ def run_arms(
     if loop is None:
         loop = _with_reader(path_or_reader, lambda reader: load_input(reader, from_pass))
     driver = driver if driver is not None else PassDriver(loop.header)
+    for arrival in loop.arrival_records:  # each request's prefix ids and arrival stamp, kept by rid
+        driver.note(arrival)
     return {arm: run_arm(loop, driver, arm, stall_passes=n, max_passes=max_passes) for arm in dict.fromkeys(arms)}
 
 

@@ -131,6 +131,8 @@ class LoopInput:
     # (step, rid, prefix match, its part in the evictable count), by step
     matches: list[tuple[int, str, int, int | None]] = field(default_factory=list)
     overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
+    # Every arrival record: what the driver's ArrivalBook keeps of each (prefix ids, hrrn's stamp).
+    arrival_records: list[Arrival] = field(default_factory=list)
 
     @property
     def page_size(self) -> int:
@@ -196,6 +198,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         recorded_passes=count,
         matches=matches,
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
+        arrival_records=scan.arrivals,
     )
 
 

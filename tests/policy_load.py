@@ -2,19 +2,26 @@
 
 Sent straight to ``/generate`` as ``input_ids`` (exact lengths and shared
 prefixes, which bench_serving's random datasets cannot give), bounded in
-count and time, to a server on this machine only.
+count and time, to a server on this machine only. ``CONFIGS`` are the policy
+matrix's servers (tests/test_policy_matrix.py); run one alone, recording, with
+``python tests/policy_load.py NAME OUT_DIR``.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import socket
 import time
 import urllib.error
 import urllib.request
+import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schedtrace.tracer.sandbox.server import SandboxServer
 
 VOCAB = 512  # the sandbox models' vocabulary
 
@@ -91,3 +98,65 @@ def run(url: str, requests: list[Request], workers: int = 24) -> dict[str, str]:
 
     with ThreadPoolExecutor(workers) as pool:
         return dict(pool.map(one, sorted(requests, key=lambda r: r.delay_s)))
+
+
+BASE_ARGS = ("--max-running-requests", "4", "--chunked-prefill-size", "1024", "--max-total-tokens", "12000")
+PRIORITY = ("--enable-priority-scheduling",)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    args: tuple[str, ...]
+    model: str = "llama"
+    env: dict[str, str] = field(default_factory=dict)
+    priorities: bool = False
+    routing: bool = False
+
+
+CONFIGS = (
+    # lpm with mixed chunks, a per-pass request cap and a queue limit that rejects
+    Config("lpm", ("--schedule-policy", "lpm", "--enable-mixed-chunk", "--prefill-max-requests", "3",
+                   "--max-queued-requests", "24")),
+    # dfs-weight under sglang's retraction test hook, two decode steps per pass
+    Config("dfs-weight", ("--schedule-policy", "dfs-weight", "--num-continuous-decode-steps", "2"),
+           env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"}),
+    Config("hrrn", ("--schedule-policy", "hrrn")),
+    Config("shortest-prefill-first", ("--schedule-policy", "shortest-prefill-first")),
+    Config("random", ("--schedule-policy", "random")),
+    Config("routing-key", ("--schedule-policy", "routing-key"), routing=True),
+    # priorities, preempting (sglang's default threshold)
+    Config("lof-priority", ("--schedule-policy", "lof", *PRIORITY), priorities=True),
+    # priorities, low values first, no preemption
+    Config("fcfs-low-first", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
+                              "--disable-priority-preemption"), priorities=True),
+    Config("mamba-lpm", ("--schedule-policy", "lpm"), model="hybrid-mamba"),
+)
+
+
+@dataclass
+class Recorded:
+    config: Config
+    trace: Path
+    outcomes: dict[str, str]
+
+
+def record(config: Config, base: Path) -> Recorded:
+    """Serve the load on ``config``'s sandbox, recording into ``base/NAME/traces``."""
+    folder = base / config.name
+    shutil.rmtree(folder, ignore_errors=True)  # one trace per configuration
+    args = BASE_ARGS if config.model == "llama" else ()
+    server = SandboxServer(model=config.model, overload=config.model != "llama", trace_dir=folder / "traces",
+                           extra_args=(*args, *config.args), log_path=folder / "server.log", env=config.env)
+    with server:
+        outcomes = run(server.url, policy_requests(config.name, priorities=config.priorities, routing=config.routing))
+    (trace,) = sorted((folder / "traces").glob("*.trace"))
+    return Recorded(config, trace, outcomes)
+
+
+if __name__ == "__main__":
+    by_name = {c.name: c for c in CONFIGS}
+    if len(sys.argv) != 3 or sys.argv[1] not in by_name:
+        sys.exit(f"usage: python tests/policy_load.py {{{','.join(by_name)}}} OUT_DIR")
+    done = record(by_name[sys.argv[1]], Path(sys.argv[2]))
+    print(done.trace)
