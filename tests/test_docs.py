@@ -43,3 +43,9 @@ def test_the_readme_picture_is_the_divergence_snapshot_the_tui_tests_hold():
     """docs/tui.svg is a copy: when the snapshot changes (pytest --snapshot-update), copy it again."""
     snapshot = REPO / "tests" / "__snapshots__" / "test_tui_snapshots" / "test_main_screen_with_replay_on_a_divergence.svg"
     assert (REPO / "docs" / "tui.svg").read_bytes() == snapshot.read_bytes()
+
+
+def test_the_readme_links_every_doc():
+    readme = (REPO / "README.md").read_text()
+    unlinked = [d.name for d in sorted((REPO / "docs").glob("*.md")) if f"docs/{d.name}" not in readme]
+    assert not unlinked, f"the README links no {unlinked}"
