@@ -268,3 +268,12 @@ def test_bisect_searches_user_arms_among_the_fixes(tmp_path):
                         fixes=f"chunk-cap,{latch_diff}")
     assert report.fixes == sorted(["chunk-cap", label])
     assert report.open_loop[0].fix_set == [label]
+
+
+def test_labels_round_trip_with_the_fixes(tmp_path):
+    label = user.load(make_diff(tmp_path / "clip16.diff", POLICY, CLIP))
+    assert variants.variant_label(frozenset({"latch", label})) == f"latch,{label}"
+    assert variants.variant_label(variants.parse_variant(f"fixed,{tmp_path / 'clip16.diff'}")) == f"fixed,{label}"
+    assert variants.parse_variant(f"{label},latch") == {"latch", label}
+    assert variants.canonical_variant(f"latch, {tmp_path / 'clip16.diff'}") == f"latch,{label}"
+    assert user.file_spelling(f"latch,{label}") == "latch,./clip16.diff"
