@@ -25,6 +25,7 @@ BENCHES = (
     "bench.bench_ring",
     "bench.bench_ray",
     "bench.bench_hostile",
+    "bench.bench_prefix_ids",
 )
 
 

@@ -386,6 +386,8 @@ class PassDriver:
             # The context managers of installed()/applied()/_recorded_grid, inlined:
             # this runs twice per pass and more on divergent ones.
             saved_config = self._config.swap_in()
+            # The recorded constants first: an arm that binds one of them wins while it is on.
+            saved_constants = _swap_constants(self._constants)
             previous_fixes = _switch_fixes(fixes)
             policy_module.mamba_prefill_chunk_grid = self._grid_lookup
             policy_module._use_exact_chunk_fill = self._exact_fill_lookup
@@ -394,7 +396,6 @@ class PassDriver:
             if self._random:
                 original_shuffle = policy_class.__dict__["_sort_randomly"]
                 policy_class._sort_randomly = self._sort_randomly
-            saved_constants = _swap_constants(self._constants)
             try:
                 s._get_new_batch_prefill_raw(None, batch)
                 admitted_reqs = []  # returned before building a batch: nothing admitted
@@ -403,13 +404,13 @@ class PassDriver:
             except Exception as exc:  # the real code raised: that is the arm's outcome
                 error = error_text(exc)
             finally:
-                _swap_constants(saved_constants)
                 if self._random:
                     policy_class._sort_randomly = original_shuffle
                 ScheduleBatch.init_new = original_init_new
                 policy_module.mamba_prefill_chunk_grid = original_grid
                 policy_module._use_exact_chunk_fill = original_exact_fill
                 _switch_fixes(previous_fixes)
+                _swap_constants(saved_constants)
                 self._config.swap_out(saved_config)
             decision = self._decision(batch, chunked, admitted_reqs, error)
             self._reqs.release(p, waiting, admitted_reqs if error is None else None)

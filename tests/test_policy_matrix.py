@@ -83,6 +83,8 @@ def test_each_path_ran(matrix: dict[str, Recorded]) -> None:
     assert sum(p.order is not None for p in passes["random"]) > 5  # draws that moved the queue
     # dfs-weight reordered a queue holding cached prefixes (its tree walk weighs them)
     assert any(p.order is not None and sum(w.prefix_len > 0 for w in p.waiting) >= 2 for p in passes["dfs-weight"])
+    routed = [r for r in _records(matrix["routing-key"].trace) if type(r) is Arrival and r.routing_key is not None]
+    assert len({r.routing_key for r in routed}) == 2 and any(p.order is not None for p in passes["routing-key"])
     for name in ("lof-priority", "fcfs-low-first"):
         assert any(p.order is not None and {w.priority for w in p.waiting} - {None} for p in passes[name])
     assert any(p.admitted and p.running for p in passes["lpm"])  # mixed batches: a prefill beside decodes

@@ -104,6 +104,14 @@ def render(summary: dict[str, Any], console: Console) -> None:
     for key, value in h["server_args"].items():
         args.add_row(key, str(value))
     console.print(args)
+    if h["prefix_block"]:
+        console.print(f"prefix ids: recorded, one per {h['prefix_block']} tokens; "
+                      f"{len(h['settings'])} scheduler settings recorded")
+    else:
+        console.print("prefix ids: none (an older recorder): replay shares no prefixes, "
+                      "and cache-aware queue orders are not checked")
+    for line in h["unreplayed"]:
+        console.print(f"  replay cannot reproduce: {line}", soft_wrap=True)
     console.print(f"file: {summary['file_size']} bytes, {_file_state(summary)}")
     print_holes(_holes(summary), console)
     counts = compact_table(("contents", "count"), shrink=("count",))

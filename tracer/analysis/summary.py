@@ -33,6 +33,7 @@ from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Stall
+from schedtrace.tracer.analysis.settings import unreplayed
 from schedtrace.tracer.contract.schema import Alloc, HookError, Idle, Loss, Pass, PoolLayout
 from schedtrace.tracer.contract.traceset import RankTrace, source_paths
 
@@ -70,6 +71,9 @@ def header_facts(reader: Reader) -> dict[str, Any]:
         "is_hybrid_mamba": header.is_hybrid_mamba,
         "server_args": {f: getattr(args, f) for f in args.__struct_fields__},
         "pools": None if header.pools is None else _fields(header.pools),
+        "prefix_block": header.prefix_block,  # 0: no prefix ids (an older recorder)
+        "settings": dict(header.settings),
+        "unreplayed": unreplayed(header.settings, args.enable_priority_scheduling),
     }
 
 

@@ -44,7 +44,7 @@ def order_indexes(runs: Sequence[int] | None, n: int) -> list[int]:
     out: list[int] = []
     for k in range(0, len(runs), 2):
         start, count = runs[k], runs[k + 1]
-        if start < 0 or count <= 0 or start + count > n:
+        if start < 0 or count <= 0 or start + count > n or len(out) + count > n:
             raise OrderError(f"order run {k // 2} takes rows {start}..{start + count} of {n}")
         out.extend(range(start, start + count))
     if len(out) != n or len(set(out)) != n:

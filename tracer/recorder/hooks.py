@@ -77,9 +77,10 @@ ALLOC_TARGETS = tuple(f"{ALLOC_MODULE}.{cls}.{method}" for cls, method in ALLOCA
 # Binding request rows: the state slots of a batch's new requests, one ``mamba_alloc`` for the call.
 MAMBA_ROWS_TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.alloc"
 
-# Every hook point one scheduling pass runs through (the bench and the tests drive these).
+# Every hook point one scheduling pass runs through (the bench and the tests drive these; not
+# ``INIT_NEW_TARGET``, which they swap for a stand-in that builds no batch).
 PASS_TARGETS: tuple[str, ...] = (
-    PASS_TARGET, CALC_PRIORITY_TARGET, INIT_NEW_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
+    PASS_TARGET, CALC_PRIORITY_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
     *LOCK_TARGETS,
 )
 

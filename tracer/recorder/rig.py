@@ -63,7 +63,7 @@ class HookPoints:
         """Every hook point wrapped as HookRegistry would, by its target's hook."""
         from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 
-        return [(owner, name, _wrap_fn(fn, hooks[self._targets[owner, name]], HookType.AROUND))
+        return [(owner, name, _wrapped(fn, hooks[self._targets[owner, name]], _wrap_fn, HookType.AROUND))
                 for owner, name, fn in self.bare]
 
     def passing_through(self) -> Points:
@@ -84,6 +84,13 @@ class HookPoints:
             yield
         finally:
             self.restore()
+
+
+def _wrapped(fn: Any, hook: Hook, wrap: Callable, around: Any) -> Any:
+    """``fn`` wrapped by ``hook``, a classmethod kept one, as HookRegistry keeps it."""
+    if isinstance(fn, classmethod):
+        return classmethod(wrap(fn.__func__, hook, around))
+    return wrap(fn, hook, around)
 
 
 def _owner_of(target: str) -> tuple[object, str]:
