@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from functools import partial
 from collections.abc import Iterator
 from typing import Any
 
@@ -253,6 +254,24 @@ class PassDriver:
         else:
             self.book.forget(record.rid)
 
+    def _release(self, batch: Any, idx: int, remaining: int, offload_kv: bool = True) -> bool:
+        """``ScheduleBatch.release_req`` under priority preemption: the recorded counts it left
+        (``Pass.released``), as the stores a trace records answer; the request is reset as sglang resets it."""
+        req = batch.reqs[idx]
+        released = self._releases.pop(req.rid, None)
+        if released is None:
+            raise ReplayStateError(f"preemption releases running request {req.rid!r}, which the recording did not")
+        if isinstance(self.allocator, RecordedAllocator):
+            self.allocator.available = released.available
+        else:
+            self.allocator.full_attn_allocator.available = released.available
+        self.tree_cache.evictable = released.evictable
+        req.kv.req_pool_idx = None  # its row went back to the pool (ReqToTokenPool.free)
+        req.kv.mark_kv_released()
+        req.reset_for_retract()
+        self._reqs.drop_running(req.rid)  # changed beyond what the next pass re-derives
+        return True
+
     def _calc_priority(self, waiting_queue: list, *args: Any, **kwargs: Any) -> None:
         entry = list(waiting_queue)
         type(self.policy).calc_priority(self.policy, waiting_queue, *args, **kwargs)
@@ -314,6 +333,9 @@ class PassDriver:
         s.spec_algorithm = None
         s.beam_coordinator = SimpleNamespace(pending_member_rows=lambda batch: 0)
         s.get_prefill_adder_class = lambda: self._make_adder
+        # Preempted requests go back to the queue (the rest of _add_request_to_queue reads
+        # server state a pass does not hold and decides nothing here).
+        s._add_request_to_queue = lambda req, is_retracted=False: s.waiting_queue.append(req)
         return s
 
     def _make_adder(self, *args: Any, **kwargs: Any):
@@ -344,6 +366,10 @@ class PassDriver:
             running = [running_req(tokens, r) for r in p.running]
         chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
         batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
+        if self.scheduler.enable_priority_preemption:
+            self._releases = {r.rid: r for r in p.released or ()}
+            batch.release_req = partial(self._release, batch)
+            batch.filter_batch = partial(_keep_rows, batch)
         kv = p.kv
         self.req_slots.load(p.req_slots_free, kv)
         self.allocator.load(kv)
@@ -502,6 +528,14 @@ def _swap_constants(constants: list[tuple[Any, str, Any]]) -> list[tuple[Any, st
         previous.append((module, attr, getattr(module, attr)))
         setattr(module, attr, value)
     return previous
+
+
+def _keep_rows(batch: Any, reqs_to_exclude: Any = None, keep_indices: list[int] | None = None) -> None:
+    """``ScheduleBatch.filter_batch`` for a batch of rows only (the replay builds no tensors)."""
+    if keep_indices is None:
+        excluded = reqs_to_exclude if isinstance(reqs_to_exclude, list) else [reqs_to_exclude]
+        keep_indices = [i for i, r in enumerate(batch.reqs) if r not in excluded]
+    batch.reqs = [batch.reqs[i] for i in keep_indices]
 
 
 class _Ratio:

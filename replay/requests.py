@@ -219,6 +219,11 @@ class ReqCache:
             req.time_stats.wait_queue_entry_time = float(order)
         return req
 
+    def drop_running(self, rid: str) -> None:
+        """Forget the running Req of ``rid`` (preemption reset it)."""
+        for key in [k for k in self._running if k[0] == rid]:
+            del self._running[key]
+
     def release(self, p: Pass, waiting: list[Req], admitted_reqs: list[Any] | None) -> None:
         """Drop every Req this pass changed beyond re-derivable state (None: the pass raised)."""
         if admitted_reqs is not None and not admitted_reqs:

@@ -125,11 +125,11 @@ CONFIGS = (
     Config("shortest-prefill-first", ("--schedule-policy", "shortest-prefill-first")),
     Config("random", ("--schedule-policy", "random")),
     Config("routing-key", ("--schedule-policy", "routing-key"), routing=True),
-    # priorities, preempting (sglang's default threshold)
-    Config("lof-priority", ("--schedule-policy", "lof", *PRIORITY), priorities=True),
-    # priorities, low values first, no preemption
+    # priorities, no preemption
+    Config("lof-priority", ("--schedule-policy", "lof", *PRIORITY, "--disable-priority-preemption"), priorities=True),
+    # priorities, low values first, preempting at any priority difference
     Config("fcfs-low-first", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
-                              "--disable-priority-preemption"), priorities=True),
+                              "--priority-scheduling-preemption-threshold", "0"), priorities=True),
     Config("mamba-lpm", ("--schedule-policy", "lpm"), model="hybrid-mamba"),
 )
 

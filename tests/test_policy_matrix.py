@@ -6,7 +6,8 @@ where the server schedules by them), records a trace, and must replay with
 every decision and every queue order matched. Each also proves that its path
 really ran: deprioritized families under the cache-aware policies (the order
 differs once the replay forgets the prefix ids), retract records under
-sglang's retraction test hook, rejections at the queue limit, abort records,
+sglang's retraction test hook, priority preemption releasing running
+requests, rejections at the queue limit, abort records,
 orders drawn by ``random``, dfs-weight's walk over cached prefixes,
 priorities, and mixed batches.
 
@@ -83,6 +84,7 @@ def test_each_path_ran(matrix: dict[str, Recorded]) -> None:
     assert sum(p.order is not None for p in passes["random"]) > 5  # draws that moved the queue
     # dfs-weight reordered a queue holding cached prefixes (its tree walk weighs them)
     assert any(p.order is not None and sum(w.prefix_len > 0 for w in p.waiting) >= 2 for p in passes["dfs-weight"])
+    assert any(p.released for p in passes["fcfs-low-first"])  # priority preemption released running requests
     routed = [r for r in _records(matrix["routing-key"].trace) if type(r) is Arrival and r.routing_key is not None]
     assert len({r.routing_key for r in routed}) == 2 and any(p.order is not None for p in passes["routing-key"])
     for name in ("lof-priority", "fcfs-low-first"):

@@ -192,6 +192,14 @@ class Admitted(_Row):
     extend_len: int
 
 
+class Released(_Row):
+    """A running request priority preemption released in the pass, and the counts it left."""
+
+    rid: str
+    available: int  # free full-pool tokens right after its release
+    evictable: int  # evictable tokens then
+
+
 class ChunkOutcome(_Row):
     """How the continuing chunk of ``chunked`` was sized this pass."""
 
@@ -229,6 +237,8 @@ class Pass(_Record, tag="pass"):
     order: list[int] | None = None
     # Scheduler.processed_tokens_counter at pass entry (hrrn's clock); None: not recorded.
     processed_tokens: int | None = None
+    # Running requests priority preemption released, in order (None: none).
+    released: list[Released] | None = None
 
 
 # --- events ----------------------------------------------------------------
@@ -371,6 +381,7 @@ class PassDelta(_Record, tag="delta"):
     error: str | None = None
     order: list[int] | None = None
     processed_tokens: int | None = None
+    released: list[Released] | None = None
 
 
 Record = Union[

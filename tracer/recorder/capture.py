@@ -25,7 +25,7 @@ from typing import Any
 
 from schedtrace.tracer.contract.names import error_text
 from schedtrace.tracer.contract.order import order_runs
-from schedtrace.tracer.contract.schema import Admitted, Candidate, ChunkOutcome, Pass, Record
+from schedtrace.tracer.contract.schema import Admitted, Candidate, ChunkOutcome, Pass, Record, Released
 from schedtrace.tracer.recorder import pools, rows
 from schedtrace.tracer.recorder.writer_thread import Deferred
 
@@ -45,7 +45,7 @@ class PassCapture(Deferred):
         "chunked", "chunked_prefix", "chunked_out", "batch_is_full_in",
         "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
         "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
-        "in_chunk", "budget", "events", "slots", "order", "processed_tokens", "batch", "full_at_batch",
+        "in_chunk", "budget", "events", "slots", "order", "processed_tokens", "batch", "full_at_batch", "released",
     )
 
     def __init__(self, scheduler: Any, running_batch: Any, t_ns: int, readers: pools.PoolReaders) -> None:
@@ -63,6 +63,7 @@ class PassCapture(Deferred):
         self.waiting_out = [len(req.output_ids) for req in waiting]
         self.batch = running_batch  # until close: batch construction reads its flag
         self.full_at_batch: bool | None = None
+        self.released: list[Released] | None = None  # running requests preemption released
         if running_batch is not None:
             running = list(running_batch.reqs)
             self.batch_is_full_in = bool(running_batch.batch_is_full)
@@ -117,6 +118,12 @@ class PassCapture(Deferred):
                 for req, i in zip(queue, perm):
                     prefix[i] = req.prefix_len
 
+    def release(self, rid: str, available: int, evictable: int) -> None:
+        """Priority preemption released running request ``rid``, leaving these counts."""
+        if self.released is None:
+            self.released = []
+        self.released.append(Released(rid, available, evictable))
+
     def batch_built(self) -> None:
         """``ScheduleBatch.init_new`` ran: admission is over."""
         batch = self.batch
@@ -154,7 +161,7 @@ class PassCapture(Deferred):
             self.waiting, self.waiting_prefix, self.waiting_out, self.running, self.running_out,
             self.chunked, self.chunked_prefix, self.chunked_out, self.batch_is_full_in, self.kv,
             self.req_slots_free, self.new_token_ratio, self.chunked_prefill_size,
-            self.candidates, self.batch_is_full_out, self.error, self.order, self.processed_tokens,
+            self.candidates, self.batch_is_full_out, self.error, self.order, self.processed_tokens, self.released,
         )
 
     # --- writer thread ---
@@ -169,7 +176,7 @@ class PassCapture(Deferred):
             self.batch_is_full_in, pools.kv_row(self.kv), self.req_slots_free, self.new_token_ratio,
             self.chunked_prefill_size, self._candidate_rows(), self._admitted_rows(), self.chunk,
             self.new_chunked_rid, self.batch_is_full_out, self.error,
-            order_runs(self.order) if self.order is not None else None, self.processed_tokens,
+            order_runs(self.order) if self.order is not None else None, self.processed_tokens, self.released,
         )
 
     def _candidate_rows(self) -> list[Candidate]:

@@ -7,6 +7,8 @@ The hooks run on sglang's scheduler thread, the pass hook on every pass:
   then the call through; otherwise a ``PassCapture`` from entry to exit;
 * ``SchedulePolicy.calc_priority``: the order it left the queue in and, where
   it matched prefixes, each waiting request's match of this pass;
+* ``ScheduleBatch.release_req`` inside a pass: a running request priority
+  preemption released, and the free and evictable counts it left;
 * ``ScheduleBatch.init_new``: admission is over; the running batch's flag
   then is ``Pass.batch_is_full_out`` (the replay stops there too);
 * ``PrefillAdder.add_one_req`` / ``add_chunked_req`` and the budgets'
@@ -70,6 +72,7 @@ BUDGET_CLASSES = ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")
 PASS_TARGET = f"{SCHED}._get_new_batch_prefill_raw"
 CALC_PRIORITY_TARGET = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
 INIT_NEW_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.init_new"
+RELEASE_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.release_req"
 ADD_ONE_REQ_TARGET = f"{ADDER}.add_one_req"
 ADD_CHUNKED_REQ_TARGET = f"{ADDER}.add_chunked_req"
 BUDGET_TARGETS = tuple(f"{BUDGET_MODULE}.{cls}.available_chunk_tokens" for cls in BUDGET_CLASSES)
@@ -80,7 +83,7 @@ MAMBA_ROWS_TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.alloc
 # Every hook point one scheduling pass runs through (the bench and the tests drive these; not
 # ``INIT_NEW_TARGET``, which they swap for a stand-in that builds no batch).
 PASS_TARGETS: tuple[str, ...] = (
-    PASS_TARGET, CALC_PRIORITY_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
+    PASS_TARGET, CALC_PRIORITY_TARGET, RELEASE_TARGET, ADD_ONE_REQ_TARGET, ADD_CHUNKED_REQ_TARGET, *BUDGET_TARGETS, *ALLOC_TARGETS, MAMBA_ROWS_TARGET,
     *LOCK_TARGETS,
 )
 
@@ -151,6 +154,18 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
                 cap.sorted(policy, waiting_queue)
             except Exception as exc:
                 hook_failed("calc_priority", exc)
+        return result
+
+    def release_hook(original, batch, idx, *args, **kwargs):
+        cap = rec.capture
+        if cap is None:  # retraction in decode: its Retract record says it
+            return original(batch, idx, *args, **kwargs)
+        rid = batch.reqs[idx].rid
+        result = original(batch, idx, *args, **kwargs)
+        try:
+            cap.release(rid, batch.token_to_kv_pool_allocator.available_size(), rec.pool_readers().evictable())
+        except Exception as exc:
+            hook_failed("release_req", exc)
         return result
 
     def init_new_hook(original, cls, *args, **kwargs):
@@ -394,6 +409,7 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
         (STREAM_OUTPUT, stream_output_hook),
         (CALC_PRIORITY_TARGET, calc_priority_hook),
         (INIT_NEW_TARGET, init_new_hook),
+        (RELEASE_TARGET, release_hook),
         (ADD_ONE_REQ_TARGET, add_one_req_hook),
         (ADD_CHUNKED_REQ_TARGET, add_chunked_req_hook),
         *[(target, chunk_budget_hook) for target in BUDGET_TARGETS],
