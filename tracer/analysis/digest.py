@@ -27,8 +27,9 @@ from schedtrace.tracer.contract.schema import Clock, Idle, Loss, Pass, Record
 # a new schema field must be placed before ranks compares it or not.
 TIMING_FIELDS: Final = ("seq", "t_ns", "dur_ns", "repeat", "idle_before")  # differ between ranks by nature
 INPUT_FIELDS: Final = ("waiting", "running", "chunked", "batch_is_full_in", "kv", "req_slots_free",
-                       "new_token_ratio", "chunked_prefill_size")
-OUTPUT_FIELDS: Final = ("candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error")
+                       "new_token_ratio", "chunked_prefill_size", "processed_tokens")
+OUTPUT_FIELDS: Final = ("candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
+                        "order", "released")
 
 _FIELDS = Pass.__struct_fields__
 _CONTENT = operator.itemgetter(*(_FIELDS.index(f) for f in INPUT_FIELDS + OUTPUT_FIELDS))

@@ -48,7 +48,8 @@ IDENTITY_FIELDS: Final = ("host", "pid", "start_wall_ns", "part", "first_pass", 
                           "pp_rank", "attn_tp_rank", "attn_dp_rank")
 SHARED_FIELDS: Final = ("schema_version", "sglang_version", "schedtrace_version", "server_args", "max_req_slots",
                         "is_hybrid_swa", "is_hybrid_mamba", "mamba_chunk_grid", "pools", "exact_chunk_fill",
-                        "tp_size", "dp_size", "pp_size", "attn_tp_size", "attn_dp_size", "overlap_schedule")
+                        "tp_size", "dp_size", "pp_size", "attn_tp_size", "attn_dp_size", "overlap_schedule",
+                        "prefix_block", "settings")
 
 
 class RankDiff(msgspec.Struct, kw_only=True):
