@@ -12,7 +12,7 @@ Stable API (closed-loop replay and bisect build on it)::
 ``locked_evictable``: what locking its prefix took from the evictable count,
 an input of the cache like the match itself) and returns what the real
 ``Scheduler._get_new_batch_prefill_raw`` decides under ``variant`` (a name
-``schedtrace.replay.variants.applied`` accepts: ``stock``, ``fixed``, one fix or a
+``schedtrace.arms.variants.applied`` accepts: ``stock``, ``fixed``, one fix or a
 comma list). It is deterministic: no wall clock, no randomness, no state
 carried from one call to the next. Exceptions the real code raises become
 ``Decision.error``; a record that cannot be turned into sglang state raises
@@ -60,7 +60,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from schedtrace.tracer.contract.report import Decision
-from schedtrace.replay.variants import active_fixes, parse_variant, set_active
+from schedtrace.arms.variants import active_fixes, parse_variant, set_active
 from schedtrace.replay.hybrid import MAMBA, SWA, pool_family
 from schedtrace.replay.state import (
     RecordedAllocator,
@@ -92,7 +92,7 @@ def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
 
 
 def _fixes_of(variant: str) -> frozenset[str]:
-    """The fix set of ``variant`` (``schedtrace.replay.variants.parse_variant``, cached)."""
+    """The fix set of ``variant`` (``schedtrace.arms.variants.parse_variant``, cached)."""
     return frozenset() if variant == STOCK else parse_variant(variant)
 
 
@@ -106,8 +106,8 @@ def _switch_fixes(fixes: frozenset[str]) -> frozenset[str]:
 
 
 def _variant_context(variant: str):
-    """``schedtrace.replay.variants.applied(variant)``, imported on first use."""
-    from schedtrace.replay.variants import applied
+    """``schedtrace.arms.variants.applied(variant)``, imported on first use."""
+    from schedtrace.arms.variants import applied
 
     return applied(variant)
 

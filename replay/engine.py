@@ -45,7 +45,7 @@ from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fi
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.executor import Executor, LocalExecutor, TraceFiles, local_paths, trace_files
 from schedtrace.replay.hybrid import fix_notes
-from schedtrace.replay.patching import sglang_version
+from schedtrace.arms.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK, error_text
 from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
@@ -100,7 +100,7 @@ class _Chunk(msgspec.Struct):
 def check_variants(*variants: str) -> None:
     """Parse each variant and prepare its fixes now: a bad name or a fix that
     cannot apply to the installed sglang fails before any pass is replayed."""
-    from schedtrace.replay.variants import parse_variant, prepared
+    from schedtrace.arms.variants import parse_variant, prepared
 
     for variant in variants:
         for fix in sorted(parse_variant(variant)):
@@ -108,7 +108,7 @@ def check_variants(*variants: str) -> None:
 
 
 def _fix_names() -> tuple[str, ...]:
-    from schedtrace.replay.fixes import FIX_NAMES
+    from schedtrace.arms.fixes import FIX_NAMES
 
     return FIX_NAMES
 

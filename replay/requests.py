@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -38,7 +38,7 @@ from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from schedtrace.tracer.contract.errors import ReplayStateError
-from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES
+from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, id_count
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Pass, RunningReq, WaitingReq
 
 # Row index given to the in-flight chunked request: it already holds a
@@ -46,47 +46,65 @@ from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Pass, Running
 _HELD_ROW = 0
 
 
+class Arrived(msgspec.Struct):
+    """What one live request's ``Arrival`` recorded beyond its row."""
+
+    t_ns: int  # when it (last) joined the queue
+    prefix_ids: bytes = b""  # at most one id per block of its recorded input
+    stamp: int = 0  # hrrn's arrival stamp (Arrival.processed_tokens)
+    routing: str | None = None  # its routing key's id
+    priority: int | None = None
+
+
 @dataclass
 class ArrivalBook:
-    """What each live request's ``Arrival`` recorded beyond its row, from ``note`` until its
-    ``Finish`` (``forget``): its prefix ids, hrrn's arrival stamp and its routing key's id."""
+    """What each live request's ``Arrival`` recorded beyond its row (``Arrived``), from ``note``
+    until its ``Finish`` (``forget``).
+
+    A trace is untrusted: ids past a request's recorded input are dropped (no token of it reads
+    them), and past ``LIMIT`` live requests the oldest entry goes (a request whose finish was
+    lost, or a trace that never finishes any), so a hostile trace cannot grow the book without bound."""
 
     block: int  # Header.prefix_block; 0: the trace has no ids
-    prefixes: dict[str, bytes] = field(default_factory=dict)
-    stamps: dict[str, int] = field(default_factory=dict)
-    routing: dict[str, str] = field(default_factory=dict)
-    priorities: dict[str, int] = field(default_factory=dict)
-    arrived: dict[str, int] = field(default_factory=dict)  # rid -> t_ns it (last) joined the queue
+    live: dict[str, Arrived] = field(default_factory=dict)
+
+    LIMIT: ClassVar[int] = 1 << 18  # live requests kept: far more than a scheduler queues
 
     def note(self, arrival: Arrival) -> None:
-        rid = arrival.rid
-        if self.block > 0 and arrival.prefix_ids:
-            self.prefixes[rid] = arrival.prefix_ids
-        if arrival.processed_tokens is not None:
-            self.stamps[rid] = arrival.processed_tokens
-        if arrival.routing_key is not None:
-            self.routing[rid] = str(arrival.routing_key)
-        if arrival.priority is not None:
-            self.priorities[rid] = arrival.priority
-        self.arrived[rid] = arrival.t_ns
+        ids = arrival.prefix_ids
+        if self.block > 0 and ids:
+            ids = ids[: id_count(max(arrival.input_len, 0), self.block) * PREFIX_ID_BYTES]
+        else:
+            ids = b""
+        live = self.live
+        live.pop(arrival.rid, None)  # a rid noted again is the newest
+        if len(live) >= self.LIMIT:
+            del live[next(iter(live))]
+        stamp = arrival.processed_tokens
+        live[arrival.rid] = Arrived(
+            arrival.t_ns, ids, 0 if stamp is None else stamp,
+            None if arrival.routing_key is None else str(arrival.routing_key), arrival.priority)
 
     def requeued(self, rid: str, t_ns: int) -> None:
         """A retracted request joined the queue again."""
-        if rid in self.arrived:
-            self.arrived[rid] = t_ns
+        entry = self.live.get(rid)
+        if entry is not None:
+            entry.t_ns = t_ns
 
     def forget(self, rid: str) -> None:
-        self.prefixes.pop(rid, None)
-        self.stamps.pop(rid, None)
-        self.routing.pop(rid, None)
-        self.priorities.pop(rid, None)
-        self.arrived.pop(rid, None)
+        self.live.pop(rid, None)
+
+    def prefix_ids(self, rid: str) -> bytes:
+        entry = self.live.get(rid)
+        return b"" if entry is None else entry.prefix_ids
 
     def stamp(self, req: Req) -> Req:
         """Set what the arrival recorded on a fresh ``Req``."""
-        rid = req.rid
-        req.arrival_processed_tokens = self.stamps.get(rid, 0)
-        req.routing_key = self.routing.get(rid)
+        entry = self.live.get(req.rid)
+        if entry is None:
+            req.arrival_processed_tokens, req.routing_key = 0, None
+        else:
+            req.arrival_processed_tokens, req.routing_key = entry.stamp, entry.routing
         return req
 
 
@@ -118,7 +136,7 @@ class TokenSource:
     def input_tokens(self, rid: str, n: int) -> array:
         """The ``n`` input tokens of ``rid``: its prefix blocks' values, then its own value."""
         book = self.book
-        data = book.prefixes.get(rid)
+        data = book.prefix_ids(rid)
         if not data:
             return self.tokens(rid, n)
         out = array("q")
@@ -153,10 +171,11 @@ def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
 
 def running_req(tokens: TokenSource, r: RunningReq) -> Req:
     book = tokens.book
+    entry = book.live.get(r.rid)
     req = book.stamp(_make_req(tokens, r.rid, r.input_len, r.output_len, r.max_new_tokens, r.ignore_eos,
-                               book.priorities.get(r.rid)))
+                               None if entry is None else entry.priority))
     # Priority preemption picks the newest of the lowest priority: the time it joined the queue.
-    req.time_stats.wait_queue_entry_time = book.arrived.get(r.rid, 0) / 1e9
+    req.time_stats.wait_queue_entry_time = (0 if entry is None else entry.t_ns) / 1e9
     req.kv.req_pool_idx = _HELD_ROW
     return req
 

@@ -37,6 +37,7 @@ from schedtrace.replay.sglang_env import ensure_sglang_importable
 
 ensure_sglang_importable()
 
+import torch  # noqa: E402
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
@@ -45,11 +46,17 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     DecLockRefResult,
     EvictResult,
     IncLockRefResult,
+    InsertParams,
+    MatchPrefixParams,
     MatchResult,
+    _dfs_weight_order,
 )
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
 from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.contract.order import OrderError, order_indexes
 from schedtrace.tracer.contract.schema import KvSnapshot, PoolLayout
+
 
 class _NeverAllocates:
     """What the stand-in pools share: no tensors, and every allocation refused."""
@@ -314,13 +321,7 @@ def dfs_weight_order(root: PrefixNode, handles: list, recorded: list[int] | None
     created them, history a trace does not hold; the prefixes go in in the
     recorded order (``Pass.order``, else queue order), which makes a tie fall the
     way the server's did, while the weights and the shape are the tree's own."""
-    import torch
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams, _dfs_weight_order
-    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-
     tree = RadixCache.create_simulated()
-    from schedtrace.tracer.contract.order import OrderError, order_indexes
-
     try:
         indexes = order_indexes(recorded, len(handles))
     except OrderError:

@@ -191,7 +191,7 @@ def emit_stall_module(case: StallCase, found: MinimalTrace, trace_name: str) -> 
         "from pathlib import Path",
         "",
         "from schedtrace.replay.closed_loop import run_closed_loop",
-        "from schedtrace.replay.variants import active_fixes, variant_label",
+        "from schedtrace.arms.variants import active_fixes, variant_label",
         "",
         f"TRACE = Path(__file__).with_name({lit(trace_name)})",
         f"STALL_PASSES = {case.stall_passes}  # a stall: this many passes admitting nothing while the head fits",

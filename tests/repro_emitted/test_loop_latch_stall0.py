@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from schedtrace.replay.closed_loop import run_closed_loop
-from schedtrace.replay.variants import active_fixes, variant_label
+from schedtrace.arms.variants import active_fixes, variant_label
 
 TRACE = Path(__file__).with_name("test_loop_latch_stall0.trace")
 STALL_PASSES = 8  # a stall: this many passes admitting nothing while the head fits
