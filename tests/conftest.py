@@ -22,16 +22,13 @@ server never competes with the next one for the 2 cores.
 from __future__ import annotations
 
 import contextlib
-import json
-import random
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from schedtrace.testing.requests import VOCAB_SIZE, generate, random_input_ids  # noqa: F401 (tests import them from here)
 from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
 # The tests `schedtrace repro` emitted (tests/repro_emitted/) fail on stock sglang by
@@ -43,8 +40,6 @@ SERVER_FIXTURES = ("hybrid_sandboxes", "sandbox")
 HYBRID_MODELS = ("hybrid-mamba", "hybrid-swa")
 _running: dict[str, Callable[[], None]] = {}  # shared-server fixture -> its stop()
 
-VOCAB_SIZE = 512  # every sandbox model's tiny vocabulary: every id below this is a real token
-GENERATE_TIMEOUT_S = 600.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -160,57 +155,6 @@ def mamba_sandbox(hybrid_sandboxes: dict[str, SandboxServer]) -> SandboxServer:
 @pytest.fixture(scope="session")
 def swa_sandbox(hybrid_sandboxes: dict[str, SandboxServer]) -> SandboxServer:
     return hybrid_sandboxes["hybrid-swa"]
-
-
-def random_input_ids(length: int, seed: object) -> list[int]:
-    """``length`` token ids in [3, VOCAB_SIZE) (no special tokens), fixed by ``seed``."""
-    rng = random.Random(str(seed))
-    return [rng.randrange(3, VOCAB_SIZE) for _ in range(length)]
-
-
-def generate(
-    server: SandboxServer,
-    rid: str,
-    input_len: int,
-    max_new_tokens: int,
-    *,
-    ignore_eos: bool = True,
-    sampling_params: dict | None = None,
-    prefix_ids: list[int] | None = None,
-    timeout_s: float = GENERATE_TIMEOUT_S,
-) -> dict:
-    """POST ``/generate`` and return sglang's JSON reply (blocks until finished).
-
-    The prompt is ``input_len`` random token ids (seeded by ``rid``, so the
-    same rid gives the same prompt), sent as ``input_ids``; ``rid`` becomes
-    sglang's request id (it shows up in traces and in ``meta_info["id"]``).
-    ``ignore_eos`` defaults to True so exactly ``max_new_tokens`` are produced.
-    ``sampling_params`` are merged over ``max_new_tokens``/``ignore_eos``.
-    ``prefix_ids`` (e.g. a shared system prompt) replace the first ids of the
-    prompt, which keeps ``input_len`` tokens.
-    The reply has ``text``, ``output_ids`` and ``meta_info`` (``id``,
-    ``prompt_tokens``, ``completion_tokens``, ``finish_reason``,
-    ``num_retractions``, ...). Raises ``AssertionError`` with the server's
-    body on a non-200 answer.
-    """
-    params = {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
-    params.update(sampling_params or {})
-    input_ids = random_input_ids(input_len, rid)
-    if prefix_ids:
-        input_ids[: len(prefix_ids)] = prefix_ids
-    body = {"rid": rid, "input_ids": input_ids, "sampling_params": params}
-    request = urllib.request.Request(
-        server.url + "/generate",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise AssertionError(
-            f"/generate rid={rid!r} answered {exc.code}: {exc.read()[:2000]!r}"
-        ) from None
 
 
 def log_size(path: Path) -> int:

@@ -34,10 +34,15 @@ ROOMS: dict[str, set[str]] = {
                                  "schedtrace.tracer.export", "schedtrace.arms"},
     "schedtrace.tui": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis", "schedtrace.replay",
                        "schedtrace.tracer.export", "schedtrace.arms"},
-    "schedtrace.cli": {"schedtrace"},  # the top: anything
+    "schedtrace.cli": {"schedtrace"},  # the top: anything (but schedtrace.testing)
+    # Test support, apart from the product (as pytester): it may use the product; nothing imports it.
+    "schedtrace.testing": {"schedtrace.tracer.contract", "schedtrace.tracer.sandbox"},
     # The package itself: the public API (docs/api.md), names imported on first use from the bottom rooms.
     "schedtrace": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
 }
+
+
+TEST_SUPPORT = "schedtrace.testing"
 
 
 def room_of(module: str) -> str:
@@ -82,6 +87,8 @@ def allowed(source_room: str, target: str) -> bool:
         return True  # a name imported from a module, not a module itself
     if target_room == source_room:
         return True
+    if target_room == TEST_SUPPORT:
+        return False  # the product never depends on its test support
     return any(target == r or target.startswith(r + ".") for r in ROOMS[source_room])
 
 
@@ -113,3 +120,5 @@ def test_the_checker_catches_an_upward_edge(tmp_path: Path) -> None:
     assert not allowed("schedtrace.tracer.plugin", "schedtrace.replay.engine")
     assert not allowed("schedtrace.arms", "schedtrace.replay.driver")
     assert not allowed("schedtrace.arms", "schedtrace.tracer.recorder")
+    assert not allowed("schedtrace.cli", "schedtrace.testing.matrix")
+    assert allowed("schedtrace.testing", "schedtrace.tracer.sandbox.server")

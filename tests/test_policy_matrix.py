@@ -1,6 +1,7 @@
 """The live policy matrix: one real sandbox per configuration, each replayed at 100% fidelity.
 
-Every configuration (``policy_load.CONFIGS``) serves the same kind of load (tests/policy_load.py:
+Every configuration (``schedtrace.testing.matrix.CONFIGS``) serves the same kind of load
+(``schedtrace.testing.load``:
 shared-prefix families arriving together, singles, client aborts, priorities
 where the server schedules by them), records a trace, and must replay with
 every decision and every queue order matched. Each also proves that its path
@@ -23,8 +24,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from policy_load import CONFIGS, Recorded, record
 from schedtrace.replay.driver import PassDriver
+from schedtrace.testing.matrix import CONFIGS, Recorded, record
 from schedtrace.replay.engine import replay_trace
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
 from schedtrace.tracer.contract.format import TraceReader

@@ -1,0 +1,77 @@
+"""The policy matrix: one sandbox configuration per scheduler policy and path, each recorded.
+
+Every configuration (``CONFIGS``) serves the load of ``schedtrace.testing.load``
+and records one trace; tests/test_policy_matrix.py replays each. Record one
+alone with ``python -m schedtrace.testing.matrix NAME OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schedtrace.testing.load import ABORT_POLL_ENV, policy_requests, run
+from schedtrace.tracer.sandbox.server import SandboxServer
+
+BASE_ARGS = ("--max-running-requests", "4", "--chunked-prefill-size", "1024", "--max-total-tokens", "12000")
+PRIORITY = ("--enable-priority-scheduling",)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    args: tuple[str, ...]
+    model: str = "llama"
+    env: dict[str, str] = field(default_factory=dict)
+    priorities: bool = False
+    routing: bool = False
+
+
+CONFIGS = (
+    # lpm with mixed chunks, a per-pass request cap and a queue limit that rejects
+    Config("lpm", ("--schedule-policy", "lpm", "--enable-mixed-chunk", "--prefill-max-requests", "3",
+                   "--max-queued-requests", "14")),
+    # dfs-weight under sglang's retraction test hook, two decode steps per pass
+    Config("dfs-weight", ("--schedule-policy", "dfs-weight", "--num-continuous-decode-steps", "2"),
+           env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"}),
+    Config("hrrn", ("--schedule-policy", "hrrn")),
+    Config("shortest-prefill-first", ("--schedule-policy", "shortest-prefill-first")),
+    Config("random", ("--schedule-policy", "random")),
+    Config("routing-key", ("--schedule-policy", "routing-key"), routing=True),
+    # priorities, no preemption
+    Config("lof-priority", ("--schedule-policy", "lof", *PRIORITY, "--disable-priority-preemption"), priorities=True),
+    # priorities, low values first, preempting at any priority difference
+    Config("fcfs-low-first", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
+                              "--priority-scheduling-preemption-threshold", "0"), priorities=True),
+    Config("mamba-lpm", ("--schedule-policy", "lpm"), model="hybrid-mamba"),
+)
+
+
+@dataclass
+class Recorded:
+    config: Config
+    trace: Path
+    outcomes: dict[str, str]
+
+
+def record(config: Config, base: Path) -> Recorded:
+    """Serve the load on ``config``'s sandbox, recording into ``base/NAME/traces``."""
+    folder = base / config.name
+    shutil.rmtree(folder, ignore_errors=True)  # one trace per configuration
+    args = BASE_ARGS if config.model == "llama" else ()
+    server = SandboxServer(model=config.model, overload=config.model != "llama", trace_dir=folder / "traces",
+                           extra_args=(*args, *config.args), log_path=folder / "server.log", env={**ABORT_POLL_ENV, **config.env})
+    with server:
+        outcomes = run(server.url, policy_requests(config.name, priorities=config.priorities, routing=config.routing))
+    (trace,) = sorted((folder / "traces").glob("*.trace"))
+    return Recorded(config, trace, outcomes)
+
+
+if __name__ == "__main__":
+    by_name = {c.name: c for c in CONFIGS}
+    if len(sys.argv) != 3 or sys.argv[1] not in by_name:
+        sys.exit(f"usage: python -m schedtrace.testing.matrix {{{','.join(by_name)}}} OUT_DIR")
+    done = record(by_name[sys.argv[1]], Path(sys.argv[2]))
+    print(done.trace)
