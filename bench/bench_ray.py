@@ -26,7 +26,8 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore", category=UserWarning)
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV  # the contract imports no sglang
+os.environ.setdefault(SGLANG_CPU_ENGINE_ENV, "1")
 
 SAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces",
                       "kv-pressure-lpm-24k.trace")

@@ -62,7 +62,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV  # the contract imports no sglang
+os.environ.setdefault(SGLANG_CPU_ENGINE_ENV, "1")
 
 from schedtrace.replay.sglang_env import ensure_sglang_importable  # noqa: E402
 

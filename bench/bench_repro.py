@@ -27,7 +27,8 @@ import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore", category=UserWarning)
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV  # the contract imports no sglang
+os.environ.setdefault(SGLANG_CPU_ENGINE_ENV, "1")
 
 SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace"
 PASS = 867

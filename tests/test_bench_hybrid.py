@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV  # the contract imports no sglang
+os.environ.setdefault(SGLANG_CPU_ENGINE_ENV, "1")
 
 from schedtrace.replay.driver import PassDriver  # noqa: E402  (makes sglang importable first)
 from schedtrace.tracer.contract.format import TraceReader  # noqa: E402

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter, defaultdict
 
 import pytest
@@ -288,3 +290,12 @@ def test_hybrid_pools_are_counters_and_pass_args(tmp_path):
     plain = _check_trace_event_format(_export(write_small_trace(tmp_path / "t.trace"), tmp_path / "plain.json"))
     assert not {e["name"] for e in plain if e["ph"] == "C"} & {"SWA free", "mamba free"}
     assert not any("limiting_pool" in e["args"] for e in plain if e["ph"] == "X")
+
+
+def test_the_perfetto_export_needs_no_opentelemetry() -> None:
+    """``export --format chrome`` runs where only the base dependencies are installed."""
+    code = ("import sys, schedtrace.tracer.export.chrome; "
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"  # before: opentelemetry, through the OTel mirror's pass_result

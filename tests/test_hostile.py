@@ -180,3 +180,17 @@ def test_a_run_of_bad_records_is_one_gap_and_unknown_tags_are_counted_in_bounded
         (gap,) = reader.gaps
         assert (gap.lost, gap.end - gap.start) == (1000, 1000)
         assert len(reader.unknown_records) == UNKNOWN_TAGS + 1 and sum(reader.unknown_records.values()) == 500
+
+
+def test_a_marker_claiming_more_than_any_honest_batch_is_no_marker() -> None:
+    """A crafted batch length past the writer's bound is neither read nor hashed (framing.MAX_BATCH_BYTES)."""
+    from schedtrace.tracer.contract.framing import MARKER_SIZE, MAX_BATCH_BYTES, marker_bytes, read_marker
+
+    def claiming(n_bytes: int) -> bytes:
+        marker = bytearray(marker_bytes(0, 1, b"\x90", 0))
+        marker[22:26] = n_bytes.to_bytes(4, "big")  # the uint32 batch length (framing._LAYOUT)
+        return bytes(marker)
+
+    assert read_marker(claiming(1), 0, MARKER_SIZE).n_bytes == 1
+    assert read_marker(claiming(MAX_BATCH_BYTES), 0, MARKER_SIZE).n_bytes == MAX_BATCH_BYTES
+    assert read_marker(claiming(MAX_BATCH_BYTES + 1), 0, MARKER_SIZE) is None

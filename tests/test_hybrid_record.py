@@ -21,10 +21,12 @@ from types import MethodType, SimpleNamespace
 import msgspec
 import pytest
 
+from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV
+
 # sglang reads SGLANG_USE_CPU_ENGINE once, when it is first imported (its platform, ``is_cpu``): set it
 # for that import only, so that no later test's child process inherits it.
 with pytest.MonkeyPatch.context() as cpu_engine:
-    cpu_engine.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    cpu_engine.setenv(SGLANG_CPU_ENGINE_ENV, "1")
     from schedtrace.replay.driver import PassDriver  # noqa: E402  (makes sglang importable first)
 from schedtrace.tracer.contract import builders  # noqa: E402
 from schedtrace.tracer.contract.format import TraceReader  # noqa: E402

@@ -16,7 +16,8 @@ from opentelemetry.trace import StatusCode
 from otel_support import REPO, START_WALL_NS, OtlpReceiver, attrs_of, header, records, write_small_trace
 from schedtrace.tracer.export import otel_attrs as A
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.export.otel_mirror import make_sink, pass_result
+from schedtrace.tracer.export.otel_attrs import pass_result
+from schedtrace.tracer.export.otel_mirror import make_sink
 from schedtrace.tracer.export.otel_sdk import requested_exporters
 from schedtrace.tracer.contract.schema import Pass
 from schedtrace.tracer.recorder.writer_thread import WriterThread

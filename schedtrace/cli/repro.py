@@ -9,7 +9,6 @@ or no verified test (one line on stderr, no traceback; see schedtrace.cli).
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from schedtrace.cli.options import VARIANT, stall_passes_option, trace_argument
+from schedtrace.cli.options import DEFAULT_JOBS, VARIANT, stall_passes_option, trace_argument
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
 from schedtrace.tracer.contract.errors import UsageError
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from schedtrace.replay.repro.pipeline import Verdict
-
-DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # pytest processes at a time
 
 
 def default_output(trace: Path, what: str) -> Path:

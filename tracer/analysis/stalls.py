@@ -52,11 +52,6 @@ def _admits(check: HeadCheck | None) -> bool:
     return check is not None and (check.admits or check.chunk is not None)
 
 
-def would_admit(p: Pass, config: ServerConfig = None) -> bool:
-    """The fixed logic admits the next waiting request on ``p``, or runs its continuing chunk."""
-    return _admits(_fixed_check(p, config))
-
-
 def _stall_check(p: Pass, d: Decision, config: ServerConfig) -> HeadCheck | None:
     """The check that decides whether ``d`` stalled on ``p`` (None: it got something in)."""
     if d.admitted or d.chunk_size is not None:

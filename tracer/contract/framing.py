@@ -94,8 +94,8 @@ def read_marker(data: bytes | memoryview, offset: int, limit: int) -> Marker | s
         partial = bytes(data[offset : offset + min(available, len(MARKER_PREFIX))])
         return TORN if available > 0 and MARKER_PREFIX.startswith(partial) else None
     prefix, before, t1, n_records, t2, n_bytes, t3, check = _LAYOUT.unpack_from(data, offset)
-    if prefix != MARKER_PREFIX or t1 != _U32 or t2 != _U32 or t3 != _U64:
-        return None
+    if prefix != MARKER_PREFIX or t1 != _U32 or t2 != _U32 or t3 != _U64 or n_bytes > MAX_BATCH_BYTES:
+        return None  # not a marker the writer makes: a claimed batch past the bound is not read or hashed
     return Marker(offset, before, n_records, n_bytes, check)
 
 

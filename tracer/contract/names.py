@@ -57,12 +57,19 @@ FIXED: Final = "fixed"
 # (schedtrace.arms.user). Reports name it FILE@HASH: its file name and the first
 # ARM_DIGEST_CHARS hex digits of its content's sha256.
 ARM_DIGEST_CHARS: Final = 12
+STANDINS_ENV: Final = "SCHEDTRACE_SANDBOX_STANDINS"  # set by SandboxServer for its own processes only
+# sglang's platform switch, read once when sglang is first imported: set it before that.
+SGLANG_CPU_ENGINE_ENV: Final = "SGLANG_USE_CPU_ENGINE"
 ARM_FILES_ENV: Final = "SCHEDTRACE_ARM_FILES"  # the arm files a process loaded, for the processes it starts
 BUILTIN_DIFF: Final = "builtin-fixes.diff"  # the four fixes as one diff, shipped in schedtrace.arms
 
 # A stall: at least this many consecutive recorded passes that admit nothing
 # although a slot is free and the head fits (tracer.analysis.stalls).
 DEFAULT_STALL_PASSES: Final = 8
+
+# sglang's /health probes generate one token under this rid prefix (sglang.srt.constants); a
+# re-drive or a workload export leaves them out: they are the server's own, not the clients'.
+SGLANG_HEALTH_CHECK_RID_PREFIX: Final = "HEALTH_CHECK"
 
 # Error text kept in a record: "Type: message", cut to this many characters.
 ERROR_TEXT_LIMIT: Final = 500

@@ -140,7 +140,6 @@ class ClosedLoop(msgspec.Struct, kw_only=True):
 
 # Regions and loss records a report lists (every one is counted): a report stays bounded.
 MAX_HOLES_LISTED: Final = 256
-UNREADABLE: Final = "unreadable"  # the kind of a damaged byte region, beside the loss reasons (names.LOSS_*)
 
 
 class DamagedRegion(msgspec.Struct, kw_only=True):

@@ -390,7 +390,6 @@ Record = Union[
 RECORD_TYPES: Final[dict[str, type]] = {
     cls.__struct_config__.tag: cls for cls in Record.__args__  # type: ignore[attr-defined]
 }
-EVENT_TYPES: Final = (Arrival, Finish, Abort, Retract, Alloc, Aiter, Clock, Idle, Loss, HookError)
 
 # The last bytes of a cleanly closed file: ["tail", <footer offset as uint64>].
 TAIL_TAG: Final = "tail"

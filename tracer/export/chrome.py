@@ -41,7 +41,7 @@ from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.names import split_error
 from schedtrace.tracer.contract.traceset import rank_label
-from schedtrace.tracer.export.otel_mirror import pass_result
+from schedtrace.tracer.export.otel_attrs import pass_result
 from schedtrace.tracer.export.wallclock import WallClock
 from schedtrace.tracer.contract.schema import (Abort, Alloc, Arrival, Clock, Finish, Header, HookError, Loss, Pass,
                                                PoolLayout, Record, Retract)

@@ -4,13 +4,16 @@ The one place these names are spelled; docs/otel.md documents each of them.
 Both the live mirror (schedtrace.tracer.export.otel_mirror) and the OTLP export
 (schedtrace.tracer.export.otlp) use them, so a dashboard built on one works on the other.
 Values are lengths, counts and rids only, never prompt text or token ids.
+It imports no OpenTelemetry: the Perfetto export names its passes with ``pass_result`` too.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-NAMESPACE: Final = "schedtrace"
+from schedtrace.tracer.analysis.outcome import pass_outcome
+from schedtrace.tracer.contract.schema import Pass
+
 INSTRUMENTATION_SCOPE: Final = "schedtrace"
 
 # --- span -------------------------------------------------------------------
@@ -56,6 +59,14 @@ RESULT_ADMITTED: Final = "admitted"  # at least one request admitted
 RESULT_CHUNK: Final = "chunk"  # only the continuing chunk ran
 RESULT_REJECTED: Final = "rejected"  # work was waiting, nothing admitted
 PASS_RESULTS: Final = (RESULT_ERROR, RESULT_ADMITTED, RESULT_CHUNK, RESULT_REJECTED)
+# The attribute folds the finer outcome words (analysis.outcome) into those four values.
+_RESULT_OF_OUTCOME: Final = {"error": RESULT_ERROR, "admit": RESULT_ADMITTED, "chunk": RESULT_CHUNK}
+
+
+def pass_result(record: Pass) -> str:
+    """The ``schedtrace.pass.result`` value of a pass."""
+    return _RESULT_OF_OUTCOME.get(pass_outcome(record), RESULT_REJECTED)
+
 
 # --- events on the pass span --------------------------------------------------
 

@@ -35,7 +35,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from schedtrace.tracer.export import otel_attrs as A
-from schedtrace.tracer.analysis.outcome import pass_outcome
 from schedtrace.tracer.analysis.pools import limiting_pool, pool_counts
 from schedtrace.tracer.contract.names import OTEL_ENV, env_flag, split_error
 from schedtrace.tracer.contract.schema import (Aiter, Alloc, Clock, Header, HookError, KvSnapshot, Loss, Pass,
@@ -52,15 +51,6 @@ Annotate = Callable[[Span, Pass, int], None]  # (span, pass, pass end in epoch n
 
 def otel_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return env_flag(OTEL_ENV, environ)
-
-
-# The OTel attribute folds the finer outcome words into four values.
-_OTEL_RESULT: Final = {"error": A.RESULT_ERROR, "admit": A.RESULT_ADMITTED, "chunk": A.RESULT_CHUNK}
-
-
-def pass_result(record: Pass) -> str:
-    """The ``schedtrace.pass.result`` value of a pass."""
-    return _OTEL_RESULT.get(pass_outcome(record), A.RESULT_REJECTED)
 
 
 def pool_attributes(kv: KvSnapshot, layout: PoolLayout | None) -> dict[str, Any]:
@@ -83,7 +73,7 @@ def pass_attributes(record: Pass, layout: PoolLayout | None = None) -> dict[str,
         A.PASS_SEQ: record.seq,
         A.PASS_REPEAT: record.repeat,
         A.PASS_IDLE_BEFORE: record.idle_before,
-        A.PASS_RESULT: pass_result(record),
+        A.PASS_RESULT: A.pass_result(record),
         A.QUEUE_WAITING: len(record.waiting),
         A.BATCH_RUNNING: len(record.running),
         A.KV_FREE: record.kv.available,

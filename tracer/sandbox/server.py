@@ -29,7 +29,7 @@ from pathlib import Path
 
 from schedtrace.arms.variants import absolute_variant
 from schedtrace.tracer.contract.errors import SandboxError, ServerStartError, UsageError
-from schedtrace.tracer.contract.names import DIR_ENV, FIXES_ENV
+from schedtrace.tracer.contract.names import DIR_ENV, FIXES_ENV, SGLANG_CPU_ENGINE_ENV
 from schedtrace.tracer.sandbox.models import KV_PRESSURE_ARGS, DEFAULT_MODEL, SandboxModel, model as find_model
 from schedtrace.tracer.sandbox.process import (
     DEFAULT_GRACEFUL_STOP_S,
@@ -59,7 +59,7 @@ BASE_LAUNCH_ARGS: tuple[str, ...] = (
 DEFAULT_POOL_ARGS: tuple[str, ...] = ("--max-total-tokens", "131072")
 
 SERVER_ENV: dict[str, str] = {
-    "SGLANG_USE_CPU_ENGINE": "1",
+    SGLANG_CPU_ENGINE_ENV: "1",
     "CUDA_VISIBLE_DEVICES": "",
 }
 # sglang on CPU asserts this is set for more than one rank: the cores each rank's OpenMP threads use.

@@ -20,9 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from schedtrace.tracer.contract.errors import UsageError
-
-# Set by SandboxServer for its own processes only (comma list of names below).
-STANDINS_ENV = "SCHEDTRACE_SANDBOX_STANDINS"
+from schedtrace.tracer.contract.names import STANDINS_ENV  # a comma list of the names below
 
 
 @dataclass(frozen=True)
