@@ -1,8 +1,10 @@
-"""``schedtrace export``: recorded traces to Perfetto (Chrome JSON) or to an OTLP collector.
+"""``schedtrace export``: recorded traces to Perfetto (Chrome JSON), to an OTLP collector, or
+their workload to a Mooncake trace.
 
 Chrome: every rank of the run (or ``--rank``'s) in one file, a process each,
 on one wall-clock timeline. OTLP: each rank's spans in turn, each rank its
-own resource.
+own resource. Mooncake: one JSON line per request of every rank (or
+``--rank``'s), a request seen on several ranks once.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
 
 
-@click.command(short_help="Export traces for Perfetto UI or an OpenTelemetry collector.")
+@click.command(short_help="Export traces for Perfetto UI, an OpenTelemetry collector or a Mooncake workload.")
 @traces_argument
-@click.option("--format", "fmt", type=click.Choice(["chrome", "otlp"]), required=True,
-              help="chrome: Trace Event Format JSON for Perfetto UI; otlp: spans over OTLP/HTTP protobuf.")
+@click.option("--format", "fmt", type=click.Choice(["chrome", "otlp", "mooncake"]), required=True,
+              help="chrome: Trace Event Format JSON for Perfetto UI; otlp: spans over OTLP/HTTP protobuf; "
+              "mooncake: the requests as a Mooncake trace (JSON lines) for bench_serving and other load tools.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
-              help="chrome: output file ('-' for stdout; default the first TRACE with .chrome.json).")
+              help="chrome, mooncake: output file ('-' for stdout; default the first TRACE with "
+              ".chrome.json or .mooncake.jsonl).")
 @click.option("--endpoint", help="otlp: collector URL (default: OTEL_EXPORTER_OTLP_*ENDPOINT, "
               "else http://localhost:4318/v1/traces; a URL without a path gets /v1/traces).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
@@ -42,10 +46,12 @@ def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, out
     from schedtrace.tracer.contract.report import load_report
     from schedtrace.tracer.contract.report_check import check_report
 
-    if fmt == "chrome" and endpoint:
+    if fmt != "otlp" and endpoint:
         raise UsageError("--endpoint applies to --format otlp only")
     if fmt == "otlp" and output:
-        raise UsageError("-o/--output applies to --format chrome only")
+        raise UsageError("-o/--output applies to --format chrome and mooncake only")
+    if fmt == "mooncake" and report_path:
+        raise UsageError("--report applies to --format chrome and otlp only")
     with traces:
         _, ranks = chosen_ranks(traces, rank, run_id)
         if report_path and len(ranks) > 1:
@@ -56,6 +62,8 @@ def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, out
             check_report(report, ranks[0], report_path)
         if fmt == "chrome":
             _export_chrome(ranks, output, report, stall_passes)
+        elif fmt == "mooncake":
+            _export_mooncake(ranks, output)
         else:
             _export_otlp(ranks, endpoint, report, timeout_s)
         for r in ranks:
@@ -80,6 +88,23 @@ def _export_chrome(ranks: tuple[RankTrace, ...], output: str | None, report, sta
         events = ", ".join(f"{n} {ph}" for ph, n in sorted(stats.events.items()))
         who = f" of {plural(len(ranks), 'rank')}" if len(ranks) > 1 else ""
         click.echo(f"{target}: {stats.passes} passes{who} ({events}); open it in https://ui.perfetto.dev", err=True)
+
+
+def _export_mooncake(ranks: tuple[RankTrace, ...], output: str | None) -> None:
+    from schedtrace.tracer.analysis.workload import read_workload
+    from schedtrace.tracer.export.mooncake import mooncake_lines
+
+    workload = read_workload(ranks)  # read whole before the file is opened: a bad trace leaves no output
+    target = output or str(Path(ranks[0].path).with_suffix(".mooncake.jsonl"))
+    with atomic_output(target) as out:
+        out.writelines(mooncake_lines(workload))
+    if not workload.shared_prefixes:
+        click.echo(f"schedtrace: warning: {ranks[0].path} holds no prefix ids (an older recorder): every "
+                   "block has a hash id of its own, shared with no other request", err=True)
+    if target != STDOUT:
+        aborted = sum(r.client_aborted for r in workload.requests)
+        click.echo(f"{target}: {plural(len(workload.requests), 'request')} ({aborted} aborted by the client), "
+                   f"hash ids per {workload.block} tokens", err=True)
 
 
 def _export_otlp(ranks: tuple[RankTrace, ...], endpoint: str | None, report, timeout_s: float) -> None:
