@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "repro": "schedtrace.cli.repro:repro",
     "sweep": "schedtrace.cli.sweep:sweep",
     "convert": "schedtrace.cli.convert:convert",
+    "redrive": "schedtrace.cli.redrive:redrive",
 }
 
 

@@ -1,4 +1,4 @@
-"""What a long command shows while it works: a spinner, a bar over passes, and one over Ray tasks.
+"""What a long command shows while it works: a spinner, a bar over passes or requests, and one over Ray tasks.
 
 Only on a terminal: when stderr is a pipe or a file (tests, CI, ``2>log``)
 nothing is drawn, so captured output stays exactly the command's own.
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # The first schedtrace module that imports sglang (about 12 s on a cold start).
 SGLANG_ENTRY = "schedtrace.replay.driver"
 
-ProgressCallback = Callable[[int, int], None]  # (passes done, total), as replay.engine calls it
+ProgressCallback = Callable[[int, int], None]  # (passes or requests done, total), as replay.engine calls it
 TaskCallback = Callable[[int, int, int], None]  # (tasks done, submitted, retried), as replay.executor calls it
 
 
@@ -56,11 +56,18 @@ class Activity:
 
     def passes(self, description: str) -> ProgressCallback:
         """Start a step over passes; the returned callback moves the bar."""
+        return self._counted(description, "passes")
+
+    def requests(self, description: str) -> ProgressCallback:
+        """Start a step over requests (a re-drive); the returned callback moves the bar."""
+        return self._counted(description, "requests")
+
+    def _counted(self, description: str, unit: str) -> ProgressCallback:
         self.phase(description)
         task = self._task
 
         def on_progress(done: int, total: int) -> None:
-            self._progress.update(task, total=max(total, 1), completed=done, count=f"{done}/{total} passes")
+            self._progress.update(task, total=max(total, 1), completed=done, count=f"{done}/{total} {unit}")
 
         return on_progress
 
