@@ -12,7 +12,9 @@ from otel_support import run_cli
 from schedtrace.tracer.contract import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.prefix_ids import prefix_ids
+from schedtrace.tracer.analysis.workload import Workload, WorkloadRequest
 from schedtrace.tracer.contract.schema import Abort, Arrival, Clock, Finish
+from schedtrace.tracer.export.mooncake import MOONCAKE_BLOCK_TOKENS, mooncake_lines
 from schedtrace.tracer.sandbox.server import MODEL_DIR
 
 KEY = b"k" * 32
@@ -49,7 +51,8 @@ def workload_trace(path: Path) -> Path:
 def exported(tmp_path_factory) -> tuple[Path, list[dict]]:
     folder = tmp_path_factory.mktemp("mooncake")
     out = folder / "w.jsonl"
-    done = run_cli("export", str(workload_trace(folder / "w.trace")), "--format", "mooncake", "-o", str(out))
+    done = run_cli("export", str(workload_trace(folder / "w.trace")), "--format", "mooncake", "-o", str(out),
+                   "--block-size", str(BLOCK))
     assert done.returncode == 0, done.stderr
     assert "5 requests (1 aborted by the client)" in done.stderr
     return out, [json.loads(line) for line in out.read_text().splitlines()]
@@ -106,3 +109,22 @@ def test_an_arrival_whose_ids_do_not_fit_its_length_is_one_line(tmp_path) -> Non
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert str(trace) in lines[0] and "expected 32 ids" in lines[0]
     assert not out.exists() and not Path(str(out) + ".partial").exists()
+
+
+def test_coarser_blocks_keep_the_shared_prefix_and_renumber() -> None:
+    """Two trace blocks per hash id: the chained id of each pair's last block, numbered anew."""
+    def req(ids: list[int]) -> WorkloadRequest:
+        return WorkloadRequest(t_ms=0.0, input_len=16 * len(ids), output_len=1, hash_ids=ids, max_new_tokens=1,
+                               ignore_eos=False, priority=None, finish_reason="length")
+
+    workload = Workload(block=16, shared_prefixes=True, requests=[req([0, 1, 2, 3, 4]), req([0, 1, 2, 5]), req([6])])
+    rows = [json.loads(line) for line in mooncake_lines(workload, 32)]
+    assert [r["hash_ids"] for r in rows] == [[0, 1, 2], [0, 3], [4]]
+    assert {r["block_size"] for r in rows} == {32}
+    assert json.loads(next(mooncake_lines(workload)))["block_size"] == MOONCAKE_BLOCK_TOKENS  # the default
+
+
+def test_a_block_size_that_is_not_a_multiple_is_refused(tmp_path) -> None:
+    trace = workload_trace(tmp_path / "w.trace")
+    done = run_cli("export", str(trace), "--format", "mooncake", "-o", str(tmp_path / "w.jsonl"), "--block-size", "24")
+    assert done.returncode == 2 and "multiple of the trace's 16-token block" in done.stderr

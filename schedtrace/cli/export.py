@@ -31,11 +31,14 @@ from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
               "else http://localhost:4318/v1/traces; a URL without a path gets /v1/traces).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="A replay report (schedtrace replay --json) of one rank whose divergences and stalls to include.")
+@click.option("--block-size", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+              help="mooncake: input tokens per hash id, a multiple of the trace's block (default: Mooncake's 512).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=120), default=10.0, show_default=True,
               help="otlp: seconds per batch, retries included, before giving up.")
 @stall_passes_option()
 def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, output: str | None,
-           endpoint: str | None, report_path: str | None, timeout_s: float, stall_passes: int) -> None:
+           endpoint: str | None, report_path: str | None, block_size: int | None, timeout_s: float,
+           stall_passes: int) -> None:
     """Export TRACE... (files, globs or directories; every rank, or --rank's) for Perfetto UI
     (--format chrome) or an OpenTelemetry collector (--format otlp).
 
@@ -52,6 +55,8 @@ def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, out
         raise UsageError("-o/--output applies to --format chrome and mooncake only")
     if fmt == "mooncake" and report_path:
         raise UsageError("--report applies to --format chrome and otlp only")
+    if fmt != "mooncake" and block_size is not None:
+        raise UsageError("--block-size applies to --format mooncake only")
     with traces:
         _, ranks = chosen_ranks(traces, rank, run_id)
         if report_path and len(ranks) > 1:
@@ -63,7 +68,7 @@ def export(traces: TraceSet, rank: str | None, run_id: str | None, fmt: str, out
         if fmt == "chrome":
             _export_chrome(ranks, output, report, stall_passes)
         elif fmt == "mooncake":
-            _export_mooncake(ranks, output)
+            _export_mooncake(ranks, output, block_size)
         else:
             _export_otlp(ranks, endpoint, report, timeout_s)
         for r in ranks:
@@ -90,21 +95,22 @@ def _export_chrome(ranks: tuple[RankTrace, ...], output: str | None, report, sta
         click.echo(f"{target}: {stats.passes} passes{who} ({events}); open it in https://ui.perfetto.dev", err=True)
 
 
-def _export_mooncake(ranks: tuple[RankTrace, ...], output: str | None) -> None:
+def _export_mooncake(ranks: tuple[RankTrace, ...], output: str | None, block_size: int | None) -> None:
     from schedtrace.tracer.analysis.workload import read_workload
-    from schedtrace.tracer.export.mooncake import mooncake_lines
+    from schedtrace.tracer.export.mooncake import block_size_for, mooncake_lines
 
     workload = read_workload(ranks)  # read whole before the file is opened: a bad trace leaves no output
+    block = block_size_for(workload, block_size)
     target = output or str(Path(ranks[0].path).with_suffix(".mooncake.jsonl"))
     with atomic_output(target) as out:
-        out.writelines(mooncake_lines(workload))
+        out.writelines(mooncake_lines(workload, block))
     if not workload.shared_prefixes:
         click.echo(f"schedtrace: warning: {ranks[0].path} holds no prefix ids (an older recorder): every "
                    "block has a hash id of its own, shared with no other request", err=True)
     if target != STDOUT:
         aborted = sum(r.client_aborted for r in workload.requests)
         click.echo(f"{target}: {plural(len(workload.requests), 'request')} ({aborted} aborted by the client), "
-                   f"hash ids per {workload.block} tokens", err=True)
+                   f"hash ids per {block} tokens", err=True)
 
 
 def _export_otlp(ranks: tuple[RankTrace, ...], endpoint: str | None, report, timeout_s: float) -> None:
