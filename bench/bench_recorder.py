@@ -6,7 +6,7 @@ Runs the real ``Scheduler._get_new_batch_prefill_raw`` (and the real
 objects, a real ``ScheduleBatch``, real policy. The scheduler itself is
 ``Scheduler.__new__`` with the attributes the pass reads (no model, no
 forward). The rig (``schedtrace.tracer.recorder.rig``) wraps every hook point
-of the pass as HookRegistry's AROUND wrapper does (``hooks.PASS_TARGETS``:
+of the pass as HookRegistry's AROUND wrapper does (``targets.PASS_TARGETS``:
 the pass, the adder and budget methods, the allocator methods and the tree
 caches' ``lock``). Three arms:
 

@@ -18,7 +18,7 @@ from schedtrace.tracer import plugin
 from schedtrace.tracer.contract.names import DIR_ENV, FIXES_ENV, OTEL_ENV, PINNED_SGLANG
 from schedtrace.tracer.contract.versions import installed_version
 from schedtrace.tracer.kernel_stub import STUB_DIR
-from schedtrace.tracer.recorder.hooks import PASS_TARGET, PASS_TARGETS
+from schedtrace.tracer.recorder.targets import PASS_TARGET, PASS_TARGETS
 
 # This process resolves hook points too: sglang must be importable here, as on a GPU host.
 ensure_sglang_importable()

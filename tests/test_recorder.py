@@ -366,7 +366,7 @@ def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measur
     from test_replay import SHARED_PREFIX, pinned_prefix_trace
 
     from schedtrace.replay.driver import PassDriver
-    from schedtrace.tracer.recorder.hooks import ADD_ONE_REQ_TARGET, PASS_TARGET
+    from schedtrace.tracer.recorder.targets import ADD_ONE_REQ_TARGET, PASS_TARGET
     from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
     from schedtrace.tracer.recorder.rig import HookPoints
 

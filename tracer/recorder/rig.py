@@ -1,6 +1,6 @@
 """Drives the recorder hooks over a real sglang pass; used by the bench and the tests.
 
-* ``HookPoints``: every hook point one pass runs through (``hooks.PASS_TARGETS``)
+* ``HookPoints``: every hook point one pass runs through (``targets.PASS_TARGETS``)
   wrapped as ``HookRegistry`` wraps an AROUND hook, installed and put back
   per call: the bare functions, a pass-through hook, or the recorder's hooks;
 * ``header``, ``loaded_pass``, ``load``: a pass record (32 waiting, 12
@@ -37,7 +37,7 @@ from types import MethodType, SimpleNamespace
 from typing import Any, Protocol
 
 from schedtrace.tracer.contract.schema import Header, KvSnapshot, Pass, RunningReq, ServerArgs, WaitingReq
-from schedtrace.tracer.recorder.hooks import PASS_TARGETS, Hook
+from schedtrace.tracer.recorder.targets import PASS_TARGETS, Hook
 
 WAITING, RUNNING = 32, 12
 
