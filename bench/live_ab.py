@@ -9,6 +9,12 @@ Runs alternate stock, fixed, stock, fixed, ... so drift on a shared machine
 hits both arms alike; the bench prints every run and the fixed/stock ratios.
 
     python -m bench.live_ab [--rounds 2] [--prompts 96]
+    python -m bench.live_ab --workload traces/latch-abort-live.trace [--rounds 2] [--speedup 1]
+
+``--workload TRACE`` re-drives a recorded workload in place of the synthetic
+one (``schedtrace.tracer.sandbox.ab.redrive_arm``): each server gets the
+recording's scheduling flags, and each run prints its requests' outcomes,
+stalls, over-asks and asserts.
 
 tests/test_live_ab.py runs one small round of the same thing.
 """
@@ -20,8 +26,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from schedtrace.tracer.analysis.workload import read_workload
+from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import FIXED, STOCK
-from schedtrace.tracer.sandbox.ab import ARMS, ArmRun, run_arm
+from schedtrace.tracer.sandbox.ab import ARMS, ArmRun, RedriveArm, launch_args_for, redrive_arm, run_arm
 from schedtrace.tracer.sandbox.load import LoadSpec
 
 # The demo's overload shape (schedtrace.tracer.sandbox.load.LoadSpec defaults), sized for the bench.
@@ -37,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="stock/fixed pairs (default 2)")
     parser.add_argument("--prompts", type=int, default=BENCH_LOAD.num_prompts)
+    parser.add_argument("--workload", type=Path, help="re-drive this recorded trace's workload instead")
+    parser.add_argument("--speedup", type=float, default=1.0, help="with --workload: send this much faster")
     args = parser.parse_args(argv)
+    if args.workload is not None:
+        return workload_rounds(args.workload, args.rounds, args.speedup)
     spec = LoadSpec(**{**BENCH_LOAD.__dict__, "num_prompts": args.prompts})
 
     runs: list[ArmRun] = []
@@ -64,6 +76,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arm}: stalls {[len(r.facts.stalls) for r in arm_runs]}, "
               f"over-asks {[r.facts.over_asks for r in arm_runs]}, asserts {[r.facts.asserts for r in arm_runs]}")
     ok = all(r.result.failed == 0 for r in runs) and all(r.fixes_logged for r in by_arm[FIXED])
+    return 0 if ok else 1
+
+
+def workload_rounds(trace: Path, rounds: int, speedup: float) -> int:
+    """Alternate stock and fixed servers re-driving the recorded workload of ``trace``."""
+    with TraceReader(trace) as reader:
+        workload = read_workload([reader])
+        flags = launch_args_for(reader.header.server_args)
+    print(f"{trace.name}: {len(workload.requests)} requests; launch flags {' '.join(flags)}", flush=True)
+    runs: list[RedriveArm] = []
+    with tempfile.TemporaryDirectory(prefix="schedtrace-live-ab-") as tmp:
+        for i in range(rounds * 2):
+            arm = STOCK if i % 2 == 0 else FIXED
+            run = redrive_arm(arm, workload, flags, Path(tmp) / f"run{i}-{arm}", speedup=speedup)
+            runs.append(run)
+            print(f"run {i} {run.line()}", flush=True)
+    for arm in ARMS:
+        arm_runs = [r for r in runs if r.arm == arm]
+        print(f"{arm}: stalls {[len(r.facts.stalls) for r in arm_runs]}, stalled passes "
+              f"{[sum(s.passes for s in r.facts.stalls) for r in arm_runs]}, over-asks "
+              f"{[r.facts.over_asks for r in arm_runs]}, asserts {[r.facts.asserts for r in arm_runs]}, "
+              f"seconds {[round(r.duration_s, 1) for r in arm_runs]}")
+    ok = all(r.result.failed == 0 for r in runs) and all(r.fixes_logged for r in runs if r.arm == FIXED)
     return 0 if ok else 1
 
 

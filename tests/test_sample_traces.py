@@ -14,6 +14,9 @@ TRACES = Path(__file__).resolve().parent.parent / "traces"
 SAMPLES = sorted(TRACES.glob("*.trace"))
 # Recorded on the hybrid sandboxes (mamba state slots, SWA): shorter runs of slower forwards.
 HYBRID = {"hybrid-mamba-kimi.trace", "hybrid-swa-gptoss.trace"}
+# The demo's designed workload (bench/latch_workload.py): one minute of serving.
+LATCH_LIVE = "latch-abort-live.trace"
+SHORT = HYBRID | {LATCH_LIVE}
 
 
 def test_there_are_at_least_two_samples_under_five_megabytes() -> None:
@@ -28,7 +31,7 @@ def test_sample_replays_with_full_fidelity(path: Path) -> None:
         assert reader.closed_cleanly and reader.footer.counts["lost"] == 0
         assert reader.header.sglang_version == "0.5.23"
     report = replay_trace(path, "stock", "fixed", jobs=1)
-    assert report.fidelity.total == report.passes > (200 if path.name in HYBRID else 1000)
+    assert report.fidelity.total == report.passes > (200 if path.name in SHORT else 1000)
     assert report.fidelity.matched == report.fidelity.total, report.fidelity.mismatches[:3]
     assert not report.errors["stock"] and not report.errors["fixed"]
 
@@ -53,3 +56,12 @@ def test_lpm_sample_holds_a_real_latch_divergence() -> None:
     assert divergence.pass_ == 867 and divergence.fixes == ["latch"]
     assert divergence.old.admitted == [] and divergence.old.batch_is_full
     assert [rid for rid, _ in divergence.new.admitted] == ["daeaf5eb3d714493876b87c45e2b242d"]
+
+
+def test_the_demo_workload_stalls_under_stock_until_a_long_request_leaves() -> None:
+    """The client's abort leaves a fitting head behind a latched flag: only the latch fix admits it."""
+    report = replay_trace(TRACES / LATCH_LIVE, "stock", "fixed", jobs=1)
+    assert len(report.divergences) > 100
+    assert {fix for d in report.divergences for fix in d.fixes} == {"latch"}
+    [stall] = report.stalls["stock"]
+    assert stall.passes > 100 and not report.stalls["fixed"]
