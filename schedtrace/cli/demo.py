@@ -240,12 +240,12 @@ def live_ab(out_dir: Path, workload_path: Path, launch_args: tuple[str, ...]) ->
         failures.append("the fixed server did not log the fixes installed")
 
     reports: dict[str, tuple[Path, Report]] = {}
-    for arm, old, new in ((STOCK, STOCK, FIXED), (FIXED, FIXED, STOCK)):
+    for arm in (STOCK, FIXED):
         if arm not in runs or not runs[arm].traces:
             continue
         trace, report_path = runs[arm].traces[0], out_dir / f"{arm}-replay.json"
-        step(f"schedtrace replay {trace} --old {old} --new {new} --json {report_path}")
-        if run_subcommand(["replay", str(trace), "--old", old, "--new", new, "--json", str(report_path)]):
+        step(f"schedtrace replay {trace} --json {report_path}")
+        if run_subcommand(["replay", str(trace), "--json", str(report_path)]):
             reports[arm] = (trace, load_report(report_path))
         else:
             failures.append(f"replay of the {arm} run failed")
@@ -253,7 +253,7 @@ def live_ab(out_dir: Path, workload_path: Path, launch_args: tuple[str, ...]) ->
     browse = None
     if STOCK in reports:
         step("the live A/B")
-        say(ab_findings(reports))
+        say(ab_findings(reports, {arm: len(run.facts.stalls) for arm, run in runs.items()}))
         trace, report = reports[STOCK]
         browse = (trace, out_dir / f"{STOCK}-replay.json")
         if report.fidelity.matched != report.fidelity.total:
@@ -265,8 +265,10 @@ def live_ab(out_dir: Path, workload_path: Path, launch_args: tuple[str, ...]) ->
     finish(browse, failures, out_dir)
 
 
-def ab_findings(reports: dict[str, tuple[Path, Report]]) -> list[str]:
-    """The live A/B in plain words: what the fixed logic would change on the stock run, and the fixed run."""
+def ab_findings(reports: dict[str, tuple[Path, Report]], recorded_stalls: dict[str, int]) -> list[str]:
+    """The live A/B in plain words: what the fixed logic would change on the stock run, and the fixed run.
+
+    Both runs are replayed stock (the baseline, checked against the recording) against fixed."""
     trace, stock = reports[STOCK]
     stalls = stock.stalls.get(STOCK, [])
     lines = [f"stock run ({trace.name}): the fixed logic decides otherwise on "
@@ -278,9 +280,9 @@ def ab_findings(reports: dict[str, tuple[Path, Report]]) -> list[str]:
                 "sglang's own admission check would have let the head in" if stalls else "") + "."]
     if FIXED in reports:
         trace, fixed = reports[FIXED]
-        fid = fixed.fidelity
-        left = fixed.stalls.get(FIXED, [])
-        lines.append(f"fixed run ({trace.name}): the fixed logic made the recorded decision on {fid.matched} of "
-                     f"{plural(fid.total, 'pass')}; {plural(len(left), 'stall')}"
-                     + (" — the stall is gone live." if not left and fid.matched == fid.total else "."))
+        acted = fixed.fidelity.total - fixed.fidelity.matched
+        left = recorded_stalls.get(FIXED, 0) + len(fixed.stalls.get(FIXED, []))
+        lines.append(f"fixed run ({trace.name}): the live server decided otherwise than the stock logic would on "
+                     f"{plural(acted, 'pass')} of {fixed.fidelity.total} (the fixes at work); "
+                     f"{plural(left, 'stall')}" + (" — the stall is gone live." if not left else "."))
     return lines
