@@ -94,6 +94,8 @@ def run_arm(
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
         feed.feed(state, step)
+        while feed.left:  # aborted or rejected while waiting: it ends here, unrun
+            run.finished_at.setdefault(feed.left.pop(), step)
         if state.is_idle and not state.running:
             if feed.next_arrival is None:
                 break  # every request finished and nothing more arrives

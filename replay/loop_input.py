@@ -6,8 +6,10 @@ compares the stock arm with (``schedtrace.replay.selfcheck``);
 ``load_input`` turns the scan and the recorded pass at ``from_pass`` into a
 ``LoopInput``. Inputs the loop takes from the recording, as the driver takes
 the cache's inputs from a pass: each request's output length (its
-``finish``) and its prefix match (its first candidate row that has one,
-from the pass of that row on: when the cache got it is not recorded).
+``finish``) and its prefix match as the recording saw it change: from
+each pass whose waiting row or candidate row shows a new match (a
+cache-aware policy matches every waiting request every pass, and a match
+grows as a shared prefix's chunks land).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from schedtrace.replay.pass_clock import PassClock
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import FINISH_REJECTED
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
+
+
+# Finish reasons of a request that may leave the queue without running (an abort, a rejection).
+LEFT_THE_QUEUE = frozenset({"abort", FINISH_REJECTED})
 
 
 @dataclass
@@ -32,12 +39,13 @@ class TraceScan:
     arrivals: list[Arrival]
     targets: dict[str, int]  # rid -> recorded output length
     clock: PassClock
-    # rid -> (trace pass number, prefix match, what locking it took from the evictable
-    # count): the first candidate row with a match
-    matches: dict[str, tuple[int, int, int | None]] = field(default_factory=dict)
+    # rid -> each change of its recorded match: (trace pass number, prefix match, what locking
+    # it took from the evictable count, None where no candidate row says)
+    matches: dict[str, list[tuple[int, int, int | None]]] = field(default_factory=dict)
     # The recording's own outcome (the self-check's reference):
     admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> trace pass number first admitting it
     finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
+    ended_unrun: dict[str, int] = field(default_factory=dict)  # rid -> t_ns it was aborted or rejected, if not run
     queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each point's pass entry
     # The pass index of each point (``pass_at``'s): 0, 1, 2, ... but past an unreadable
     # region (a reader with ``skip_damaged``), whose pass records are missing here.
@@ -74,6 +82,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     matches: dict[str, tuple[int, int, int | None]] = {}
     admitted_at: dict[str, int] = {}
     finished_ns: dict[str, int] = {}
+    ended_unrun: dict[str, int] = {}
     queue_lengths: list[int] = []
     numbers: list[int] = []
     first = reader.header.first_pass
@@ -95,9 +104,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             it_before += max(record.repeat, 1)
             queue_lengths.append(len(record.waiting))
             overlap = overlap or any(r.output_len == 0 for r in record.running)
-            for candidate in record.candidates:
-                if candidate.prefix_len > 0:
-                    matches.setdefault(candidate.rid, (index, candidate.prefix_len, candidate.locked_evictable))
+            _note_matches(matches, index, record)
             for admitted in record.admitted:
                 admitted_at.setdefault(admitted.rid, index)
         elif isinstance(record, Idle):
@@ -108,10 +115,12 @@ def scan_trace(reader: TraceReader) -> TraceScan:
         elif isinstance(record, Finish):
             targets[record.rid] = record.output_len
             finished_ns.setdefault(record.rid, record.t_ns)
+            if record.reason in LEFT_THE_QUEUE and record.rid not in admitted_at:
+                ended_unrun.setdefault(record.rid, record.t_ns)
     points = by_idle_records if seen_idle_record else by_idle_before
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
-        admitted_at=admitted_at, finished_ns=finished_ns, queue_lengths=queue_lengths, numbers=numbers,
+        admitted_at=admitted_at, finished_ns=finished_ns, ended_unrun=ended_unrun, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap,
     )
 
@@ -128,6 +137,8 @@ class LoopInput:
     clock: PassClock
     start_iteration: int
     recorded_passes: int
+    # (step, rid): a request the recording aborted or rejected before it ran leaves the queue then
+    leaves: list[tuple[int, str]] = field(default_factory=list)
     # (step, rid, prefix match, its part in the evictable count), by step
     matches: list[tuple[int, str, int, int | None]] = field(default_factory=list)
     overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
@@ -184,8 +195,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
     matches = sorted(
         (scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)
-        for rid, (pass_no, prefix, locked) in scan.matches.items()
-        if rid in known
+        for rid, changes in scan.matches.items() if rid in known
+        for pass_no, prefix, locked in changes
     )
     return LoopInput(
         header=header,
@@ -199,6 +210,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         matches=matches,
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
         arrival_records=scan.arrivals,
+        leaves=sorted((max(scan.clock.iteration_at(t_ns) - start_iteration, 0), rid)
+                      for rid, t_ns in scan.ended_unrun.items() if rid in known),
     )
 
 
@@ -270,6 +283,7 @@ def initial_state(
         swa_evictable=(kv.swa_evictable or 0) if swa else None,
         mamba_free=kv.mamba_available if mamba else None,
         mamba_evictable=(kv.mamba_evictable or 0) if mamba else None,
+        processed_tokens=p.processed_tokens or 0,
     )
 
 
@@ -296,6 +310,9 @@ class ArrivalFeed:
     def __init__(self, loop: LoopInput) -> None:
         self._arrivals = loop.arrivals
         self._matches = loop.matches
+        self._leaves = loop.leaves
+        self._next_leave = 0
+        self.left: list[str] = []  # requests that left the queue unrun, for the caller to take
         self._next = self._next_match = 0
         self._revealed: dict[str, tuple[int, int | None]] = {}
         self.arrived: dict[str, int] = {r.rid: 0 for r in loop.initial.waiting}  # rid -> step it arrived
@@ -315,6 +332,15 @@ class ArrivalFeed:
             _reveal(req, *self._revealed.get(req.rid, (0, None)))
             state.waiting.append(req)
             self.arrived[req.rid] = step
+        while self._next_leave < len(self._leaves) and self._leaves[self._next_leave][0] <= step:
+            rid = self._leaves[self._next_leave][1]
+            self._next_leave += 1
+            # Aborted or rejected while it waited in the recording: it leaves a loop's queue
+            # then too (a request this arm already runs, it keeps: its finish ends it).
+            kept = [r for r in state.waiting if r.rid != rid]
+            if len(kept) < len(state.waiting):
+                state.waiting = kept
+                self.left.append(rid)
 
     def next_event(self, state: LoopState) -> int | None:
         """The next step something comes that can change ``state``'s decisions (None: nothing will)."""
@@ -332,9 +358,22 @@ class ArrivalFeed:
         return len(self._arrivals) - self._next
 
 
+def _note_matches(matches: dict[str, list[tuple[int, int, int | None]]], index: int, p) -> None:
+    """The matches pass ``index`` shows that differ from each request's last one: its
+    candidate row's where it has one (with the evictable part locking took), else its waiting row's."""
+    seen = {c.rid: (c.prefix_len, c.locked_evictable) for c in p.candidates if c.prefix_len > 0}
+    for w in p.waiting:
+        if w.prefix_len > 0 and w.output_len == 0:
+            seen.setdefault(w.rid, (w.prefix_len, None))
+    for rid, (prefix, locked) in seen.items():
+        changes = matches.setdefault(rid, [])
+        if not changes or changes[-1][1] != prefix or (locked is not None and changes[-1][2] != locked):
+            changes.append((index, prefix, locked))
+
+
 def _revealable(req: LoopReq) -> bool:
     """A fresh request (not one retracted, which lost its KV): the cache's match applies."""
-    return req.prefix_len == 0 and req.output_len == 0
+    return req.output_len == 0
 
 
 def _reveal(req: LoopReq, prefix: int, locked: int | None) -> None:

@@ -106,6 +106,7 @@ def to_pass(
         chunk=None,
         new_chunked_rid=None,
         batch_is_full_out=state.batch_is_full,
+        processed_tokens=state.processed_tokens,
     )
 
 

@@ -256,6 +256,37 @@ def test_a_recorded_prefix_match_applies_from_the_pass_that_saw_it(tmp_path):
     assert run.outcome.completed == 4 and run.outcome.first_admission_passes["queued"] == FIRST_RUNNING_FINISH
 
 
+
+def test_a_match_follows_the_recording_as_it_grows_and_an_aborted_waiter_leaves(tmp_path):
+    """The waiting rows show "queued"'s match grow (129, then 600: a shared prefix's chunks
+    landing); "gone" is aborted while it waits, so the loop's queue loses it then too."""
+    queued = WaitingReq("queued", 2000, 0, 20, 0, None, True)
+    gone = WaitingReq("gone", 900, 0, 20, 0, None, True)
+    running = [RunningReq(f"run-{k}", 3000, 100, 140 + 10 * k, True) for k in range(3)]
+    kv = KvSnapshot(available=30000, evictable=2000)
+
+    def latched(n: int):
+        match = 0 if n < 3 else 129 if n < 6 else 600
+        waiting = [msgspec.structs.replace(queued, prefix_len=match), *([gone] if n < 4 else [])]
+        return make_pass(n, t_ns=n * MS, waiting=waiting, batch_is_full_in=True, batch_is_full_out=True,
+                         running=[msgspec.structs.replace(r, output_len=r.output_len + n) for r in running],
+                         kv=kv, req_slots_free=10)
+
+    events = [Arrival(t_ns=0, rid="queued", input_len=2000, max_new_tokens=20, ignore_eos=True),
+              Arrival(t_ns=0, rid="gone", input_len=900, max_new_tokens=20, ignore_eos=True)]
+    ends = [Finish(t_ns=int(3.5 * MS), rid="gone", output_len=0, reason="abort"),
+            *(Finish(t_ns=500 * MS, rid=r.rid, output_len=r.max_new_tokens, reason="length") for r in running),
+            Finish(t_ns=600 * MS, rid="queued", output_len=20, reason="length")]
+    trace = write_trace(tmp_path / "grow.trace", header(), [*events, *[latched(n) for n in range(10)], *ends])
+    with TraceReader(trace) as reader:
+        loop = load_input(reader, 0)
+    assert [(step, prefix) for step, rid, prefix, _ in loop.matches] == [(3, 129), (6, 600)]
+    assert loop.leaves == [(4, "gone")]  # the first pass after its abort
+    run = run_arms(trace, ["stock"], loop=loop)["stock"]
+    assert [len(p.waiting) for p in run.passes[:6]] == [2, 2, 2, 2, 1, 1]
+    assert [p.waiting[0].prefix_len for p in run.passes[:8]] == [0, 0, 0, 129, 129, 129, 600, 600]
+    assert run.finished_at["gone"] == 4 and "gone" not in run.outcome.first_admission_passes
+
 def test_overlap_scheduling_is_read_from_the_recording(tmp_path):
     """A running request without its first output is one whose prefill result is not processed
     yet: only sglang's overlap loop shows that. The sample traces were recorded with it."""

@@ -29,6 +29,7 @@ from schedtrace.testing.matrix import CONFIGS, Recorded, record
 from schedtrace.replay.engine import replay_trace
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import FINISH_REJECTED
 from schedtrace.tracer.contract.schema import Abort, Arrival, Finish, Pass, Retract
 
 pytestmark = pytest.mark.live
@@ -81,6 +82,10 @@ def test_each_path_ran(matrix: dict[str, Recorded]) -> None:
     for name, counts in kinds.items():
         assert counts["Abort"] >= 1, name  # a client abort reached the scheduler (one may end before it)
     assert any(v.startswith("failed") for v in matrix["lpm"].outcomes.values())  # the queue limit rejected
+    lpm = _records(matrix["lpm"].trace)
+    rejected = {r.rid for r in lpm if type(r) is Finish and r.reason == FINISH_REJECTED}
+    assert rejected and rejected <= {r.rid for r in lpm if type(r) is Arrival}  # arrived, and left unqueued
+    assert not rejected & {a.rid for r in lpm if type(r) is Pass for a in r.admitted}
     passes = {name: [r for r in _records(rec.trace) if type(r) is Pass] for name, rec in matrix.items()}
     assert sum(p.order is not None for p in passes["random"]) > 5  # draws that moved the queue
     # dfs-weight reordered a queue holding cached prefixes (its tree walk weighs them)

@@ -14,12 +14,15 @@ from schedtrace.replay.closed_loop import run_closed_loop
 from schedtrace.replay.selfcheck import concordance, quantile, self_check_lines, self_check_summary
 from schedtrace.tracer.contract import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
-from schedtrace.tracer.contract.schema import Admitted, Arrival, Finish, KvSnapshot, WaitingReq
+from schedtrace.tracer.contract.schema import Admitted, Arrival, Finish, KvSnapshot, Pass, WaitingReq
 
 from loop_traces import MS, latch_reproduction
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((REPO / "traces").glob("*.trace"))
+# The sandbox's overload recordings (traces/README.md); the latch workload is a short scripted one.
+OVERLOAD_SAMPLES = {"kv-pressure-fcfs.trace", "kv-pressure-lpm-24k.trace", "hybrid-mamba-kimi.trace",
+                    "hybrid-swa-gptoss.trace"}
 
 
 # ----------------------------------------------------------------- figures
@@ -78,18 +81,22 @@ def test_the_stock_closed_loop_reproduces_each_sample_recording(trace):
     """Recorded by the sandbox under overload (traces/README.md): every request's
     first-admission wait, the queue peak and the completion order come out as recorded."""
     with TraceReader(trace) as reader:
-        requests = {r.rid for _, r in reader.records() if isinstance(r, Finish)}
+        records = [r for _, r in reader.records()]
         running_slots = reader.header.max_req_slots  # the request pool: the running cap the server ran with
+    ended = {r.rid for r in records if isinstance(r, Finish)}
+    ran = {a.rid for r in records if isinstance(r, Pass) for a in r.admitted}  # a client may abort one waiting
     loop = run_closed_loop(trace, ["stock"])
     check = loop.self_check
     assert check is not None and check.arm == "stock"
-    assert check.requests == check.finished == len(requests) > 30
+    assert check.requests == len(ran) and check.finished == len(ended) >= len(ran) > 10
     assert check.recorded_only == 0 and check.loop_only == 0
     assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0)
     assert (check.loop_wait_p50, check.loop_wait_p90) == (check.recorded_wait_p50, check.recorded_wait_p90)
-    assert check.recorded_wait_p90 > 100  # the overload: requests waited a hundred passes and more
-    assert check.loop_queue_peak == check.recorded_queue_peak > running_slots  # more waited than could run
+    assert check.loop_queue_peak == check.recorded_queue_peak
     assert (check.order_agreement, check.kendall_tau) == (1.0, 1.0)
+    if trace.name in OVERLOAD_SAMPLES:
+        assert len(ran) > 30 and check.recorded_wait_p90 > 100  # requests waited a hundred passes and more
+        assert check.recorded_queue_peak > running_slots  # more waited than could run
 
 
 def test_no_stock_arm_no_self_check(tmp_path):

@@ -71,6 +71,9 @@ DEFAULT_STALL_PASSES: Final = 8
 # re-drive or a workload export leaves them out: they are the server's own, not the clients'.
 SGLANG_HEALTH_CHECK_RID_PREFIX: Final = "HEALTH_CHECK"
 
+# Finish.reason of a request refused at --max-queued-requests: it arrived and never queued.
+FINISH_REJECTED: Final = "rejected"
+
 # Error text kept in a record: "Type: message", cut to this many characters.
 ERROR_TEXT_LIMIT: Final = 500
 

@@ -265,7 +265,7 @@ class Finish(_Record, tag="finish"):
     t_ns: int
     rid: str
     output_len: int
-    reason: str  # "length", "stop", "abort", ...
+    reason: str  # "length", "stop", "abort", ..., or names.FINISH_REJECTED (refused, never queued)
 
 
 class Abort(_Record, tag="abort"):

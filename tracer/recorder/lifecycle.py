@@ -40,7 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schedtrace.tracer.contract.names import DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, LOSS_PAUSED, error_text
+from schedtrace.tracer.contract.names import (DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, FINISH_REJECTED as REJECTED,
+                                              LOSS_PAUSED, error_text)
 from schedtrace.tracer.contract.prefix_ids import block_tokens
 from schedtrace.tracer.contract.schema import Abort, Aiter, Finish, HookError, Loss, Record, Retract
 from schedtrace.tracer.recorder import pools
@@ -107,6 +108,9 @@ class Recorder:
         self.capture: PassCapture | None = None  # the pass running now, if any
         self.lock_probe = LockProbe()
         self._live_rids: set[str] = set()
+        # The rid sglang ended inside _add_request_to_queue (rejected at --max-queued-requests),
+        # before the arrival hook, which runs after it, wrote its arrival.
+        self._ended_unqueued: str | None = None
         self.hook_errors: dict[str, int] = {}
         self._state_lock = threading.Lock()  # close() may race itself (atexit, SIGTERM, loop end)
 
@@ -338,13 +342,19 @@ class Recorder:
             return
         if rid in self._live_rids:  # requeued after preemption: not a new arrival
             return
-        self._live_rids.add(rid)
-        self.emit(ArrivalCapture(self.now(), req, self.prefix_key, self.prefix_block,
+        now = self.now()
+        self.emit(ArrivalCapture(now, req, self.prefix_key, self.prefix_block,
                                  getattr(req, "arrival_processed_tokens", None)))
+        if self._ended_unqueued == rid:  # rejected: it arrived and left at once, never queued
+            self._ended_unqueued = None
+            self.emit(Finish(now, rid, 0, REJECTED))
+        else:
+            self._live_rids.add(rid)
 
     def on_finish(self, req: Any, reason: str | None = None) -> None:
         rid = req.rid
         if rid not in self._live_rids:
+            self._ended_unqueued = rid  # ended before its arrival was written: the arrival closes it
             return
         self._live_rids.discard(rid)
         self.emit(Finish(self.now(), rid, len(req.output_ids), reason or finish_reason(req)))
