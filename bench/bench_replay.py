@@ -3,23 +3,25 @@
 Three figures on one synthetic trace (``bench.gen_trace``, realistic queue
 and KV shapes):
 
-* bare: ``Scheduler._get_new_batch_prefill_raw`` alone on state that is
+* bare, per arm (its fixes on): ``Scheduler._get_new_batch_prefill_raw`` alone on state that is
   already built (the driver's stand-ins loaded, requests constructed), i.e.
   the cost of sglang's own decision; the floor no replay can beat;
 * per arm: ``PassDriver.decide(pass, arm)`` for ``stock`` and ``fixed``,
   which also builds the requests and batch from the record; printed as
-  passes/s and as a ratio over bare (target: <= 2x);
+  passes/s and as a ratio over that arm's bare pass (target: <= 1.3x);
 * whole trace: ``replay_trace`` end to end (two arms, fidelity, fix tagging
   of divergent passes, stalls), passes/s with 1 and 2 jobs.
 
-Then the same bare and per-arm figures on every pass of the hybrid sample
-traces (``traces/hybrid-mamba-kimi*.trace``, ``traces/hybrid-swa-gptoss*.trace``,
-recorded by the sandbox): the driver rebuilds their SWA and mamba pools
-(``schedtrace.replay.hybrid``), and bare is sglang's pass on that rebuilt
-state; each figure is the best of ``HYBRID_ROUNDS`` runs over the trace.
-``--no-hybrid`` skips them.
+Then the same bare and per-arm figures on every pass of every sample trace
+(``traces/*.trace``, recorded by the sandbox; for the hybrid ones the driver
+rebuilds their SWA and mamba pools, ``schedtrace.replay.hybrid``), bare being
+sglang's pass on that rebuilt state, each figure the best of
+``SAMPLE_ROUNDS`` runs over the trace (target: decide <= 1.3x bare); and each
+sample replayed whole (``replay_trace``, both arms) at 1 and 2 jobs, best of
+``SAMPLE_ROUNDS`` (target: >= 5,000 passes/s at 2 jobs). ``--no-samples``
+skips them.
 
-Run: ``python -m bench.bench_replay [--passes N] [--no-hybrid]``. Nothing here asserts.
+Run: ``python -m bench.bench_replay [--passes N] [--no-samples]``. Nothing here asserts.
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ warnings.filterwarnings("ignore", category=UserWarning)
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
-def _bare_seconds(driver, passes) -> float:
-    """sglang's pass on pre-built state, nothing else in the timed region."""
+def _bare_seconds(driver, passes, arm: str = "stock") -> float:
+    """sglang's pass on pre-built state under ``arm``'s fixes, nothing else in the timed region.
+
+    Per arm: a fix changes how far sglang's own pass runs (stock returns early on a latched
+    batch, the latch fix goes on to calc_priority), so each arm's floor is its own code."""
+    from schedtrace.arms.variants import applied
     from schedtrace.replay.driver import _AdmissionDone, _stop_init_new
 
     sched = driver.scheduler
@@ -46,7 +52,7 @@ def _bare_seconds(driver, passes) -> float:
     recorded = {"mamba_prefill_chunk_grid": driver._grid_lookup, "_use_exact_chunk_fill": driver._exact_fill_lookup}
     saved = {name: policy.__dict__[name] for name in recorded}
     total = 0.0
-    with driver._config.installed():
+    with driver._config.installed(), applied(arm):
         # The recorded mamba chunk grid and exact-fill gate, as decide() installs them.
         for name, lookup in recorded.items():
             setattr(policy, name, lookup)
@@ -79,12 +85,9 @@ def _decide_seconds(driver, passes, arm: str) -> float:
     return time.perf_counter() - start
 
 
-def _per_arm(driver, passes, bare: float, label: str = "PassDriver.decide", rounds: int = 1) -> None:
-    """``decide`` over ``passes`` per arm (best of ``rounds``): passes/s, us/pass and the ratio over bare."""
-    for arm in ("stock", "fixed"):
-        elapsed = min(_decide_seconds(driver, passes, arm) for _ in range(rounds))
-        print(f"{label}[{arm:5}]: {len(passes) / elapsed:10.0f} passes/s  "
-              f"({elapsed / len(passes) * 1e6:.1f} us/pass, {elapsed / bare:.2f}x bare)")
+def _arm_line(label: str, arm: str, n: int, elapsed: float, bare: float) -> str:
+    return (f"{label}[{arm:5}]: {n / elapsed:10.0f} passes/s  "
+            f"({elapsed / n * 1e6:.1f} us/pass, {elapsed / bare:.2f}x bare)")
 
 
 def _warm_driver(header, first):
@@ -98,27 +101,45 @@ def _warm_driver(header, first):
     return driver
 
 
-HYBRID_SAMPLES = ("hybrid-mamba-kimi*.trace", "hybrid-swa-gptoss*.trace")
-HYBRID_ROUNDS = 5  # a few hundred passes each: every figure is the best of this many runs over the trace
+SAMPLE_ROUNDS = 5  # a few hundred to 1,500 passes each: every figure is the best of this many runs over the trace
 
 
-def bench_hybrid_samples() -> None:
-    """Bare pass and replay per pass on every pass of each hybrid sample trace."""
+def bench_samples() -> None:
+    """Bare pass and replay per pass on every pass of each sample trace, then each replayed whole."""
+    from schedtrace.replay.engine import replay_trace
     from schedtrace.tracer.contract.format import TraceReader
 
     traces = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
-    for pattern in HYBRID_SAMPLES:
-        for path in sorted(glob.glob(os.path.join(traces, pattern))):
-            with TraceReader(path) as reader:
-                header = reader.header
-                passes = list(reader.passes())
-            driver = _warm_driver(header, passes[0])
-            bare = min(_bare_seconds(driver, passes) for _ in range(HYBRID_ROUNDS))
-            print(f"{os.path.basename(path)} ({header.pools.allocator}, mamba slots {header.pools.mamba_size}, "
-                  f"swa {header.pools.swa_size}): {len(passes)} pass records")
-            print(f"  bare sglang pass (rebuilt hybrid state): {len(passes) / bare:10.0f} passes/s  "
+    for path in sorted(glob.glob(os.path.join(traces, "*.trace"))):
+        with TraceReader(path) as reader:
+            header = reader.header
+            passes = list(reader.passes())
+        driver = _warm_driver(header, passes[0])
+        # Rounds interleaved (bare, stock, fixed, bare, ...): each figure's best sees the same neighbours.
+        best = {name: float("inf") for name in ("bare stock", "bare fixed", "stock", "fixed")}
+        for _ in range(SAMPLE_ROUNDS):
+            for arm in ("stock", "fixed"):
+                best[f"bare {arm}"] = min(best[f"bare {arm}"], _bare_seconds(driver, passes, arm))
+                best[arm] = min(best[arm], _decide_seconds(driver, passes, arm))
+        pools = header.pools
+        shape = "full pool" if pools is None else f"{pools.allocator}, mamba slots {pools.mamba_size}, swa {pools.swa_size}"
+        print(f"{os.path.basename(path)} ({header.server_args.schedule_policy}, {shape}): {len(passes)} pass records")
+        for arm in ("stock", "fixed"):
+            bare = best[f"bare {arm}"]
+            print(f"  bare sglang pass[{arm:5}] (rebuilt state): {len(passes) / bare:10.0f} passes/s  "
                   f"({bare / len(passes) * 1e6:.1f} us/pass)")
-            _per_arm(driver, passes, bare, label="  PassDriver.decide", rounds=HYBRID_ROUNDS)
+            print(_arm_line("  PassDriver.decide", arm, len(passes), best[arm], bare))
+        bare = best["bare stock"] + best["bare fixed"]
+        for jobs in (1, 2):
+            elapsed = min(_whole_seconds(replay_trace, path, jobs) for _ in range(SAMPLE_ROUNDS))
+            print(f"  replay_trace jobs={jobs}: {len(passes) / elapsed:7.0f} passes/s "
+                  f"({elapsed / len(passes) * 1e6:.0f} us/pass, {elapsed / bare:.2f}x the two arms' bare passes)")
+
+
+def _whole_seconds(replay_trace, path: str, jobs: int) -> float:
+    start = time.perf_counter()
+    replay_trace(path, "stock", "fixed", jobs=jobs)
+    return time.perf_counter() - start
 
 
 def main(argv: list[str]) -> int:
@@ -136,18 +157,20 @@ def main(argv: list[str]) -> int:
     sample = passes[: min(len(passes), 3000)]
     driver = _warm_driver(header, sample[0])
 
-    bare = _bare_seconds(driver, sample)
     print(f"trace: {len(passes)} pass records; timing {len(sample)} of them")
-    print(f"bare sglang pass (pre-built state): {len(sample) / bare:10.0f} passes/s  ({bare / len(sample) * 1e6:.1f} us/pass)")
-    _per_arm(driver, sample, bare)
+    for arm in ("stock", "fixed"):
+        bare = _bare_seconds(driver, sample, arm)
+        print(f"bare sglang pass[{arm:5}] (pre-built state): {len(sample) / bare:10.0f} passes/s  "
+              f"({bare / len(sample) * 1e6:.1f} us/pass)")
+        print(_arm_line("PassDriver.decide", arm, len(sample), _decide_seconds(driver, sample, arm), bare))
     for jobs in (1, 2):
         start = time.perf_counter()
         report = replay_trace(path, "stock", "fixed", jobs=jobs)
         elapsed = time.perf_counter() - start
         print(f"replay_trace jobs={jobs}: {report.passes} passes in {elapsed:.2f} s = {report.passes / elapsed:.0f} passes/s "
               f"({len(report.divergences)} divergences)")
-    if "--no-hybrid" not in argv:
-        bench_hybrid_samples()
+    if "--no-samples" not in argv:
+        bench_samples()
     return 0
 
 

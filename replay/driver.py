@@ -60,7 +60,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from schedtrace.tracer.contract.report import Decision
-from schedtrace.arms.variants import active_fixes, parse_variant, set_active
+from schedtrace.replay.arm_switch import fixes_of, restore_fixes, switch_fixes
 from schedtrace.replay.hybrid import MAMBA, SWA, pool_family
 from schedtrace.replay.state import (
     RecordedAllocator,
@@ -69,10 +69,11 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
-from schedtrace.replay.requests import ArrivalBook, ReqCache, TokenSource, chunked_req, running_req, waiting_req
+from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
+                                       waiting_req)
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import ReplayStateError
-from schedtrace.tracer.contract.names import STOCK, error_text  # "Type: message", as the recorder writes Pass.error
+from schedtrace.tracer.contract.names import error_text  # "Type: message", as the recorder writes Pass.error
 from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
 from schedtrace.tracer.contract.order import OrderError, order_indexes, order_runs
 from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass, Retract
@@ -89,20 +90,6 @@ class _AdmissionDone(Exception):
 
 def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
     raise _AdmissionDone(list(reqs))
-
-
-def _fixes_of(variant: str) -> frozenset[str]:
-    """The fix set of ``variant`` (``schedtrace.arms.variants.parse_variant``, cached)."""
-    return frozenset() if variant == STOCK else parse_variant(variant)
-
-
-def _switch_fixes(fixes: frozenset[str]) -> frozenset[str]:
-    """Make ``fixes`` active (what ``variants.applied`` does on entry and on
-    exit, without its per-call overhead); returns the set that was active."""
-    active = active_fixes()
-    if active != fixes:
-        set_active(fixes)
-    return active
 
 
 def _variant_context(variant: str):
@@ -185,6 +172,7 @@ class PassDriver:
         self._policy_module = policy_module
         self.mamba_chunk_grid = max(1, header.mamba_chunk_grid)
         self._ScheduleBatch = ScheduleBatch
+        self._batch_defaults = batch_defaults(ScheduleBatch)
         self._PrefillAdder = PrefillAdder
         slots = capacity.request_slots(header)
         settings = header.settings
@@ -365,7 +353,10 @@ class PassDriver:
             waiting = [waiting_req(tokens, w, n) for n, w in enumerate(p.waiting)]
             running = [running_req(tokens, r) for r in p.running]
         chunked = chunked_req(tokens, p.chunked) if p.chunked is not None else None
-        batch = ScheduleBatch(reqs=running, batch_is_full=p.batch_is_full_in)
+        batch = ScheduleBatch.__new__(ScheduleBatch)
+        batch.__dict__.update(self._batch_defaults)  # what its generated __init__ sets (99 stores)
+        batch.reqs = running
+        batch.batch_is_full = p.batch_is_full_in
         if self.scheduler.enable_priority_preemption:
             self._releases = {r.rid: r for r in p.released or ()}
             batch.release_req = partial(self._release, batch)
@@ -389,7 +380,7 @@ class PassDriver:
 
     def decide(self, p: Pass, variant: str) -> Decision:
         """The decision the real code makes on ``p``'s inputs under ``variant``."""
-        fixes = _fixes_of(variant)
+        fixes = fixes_of(variant)
         with _LOCK:
             waiting, batch, chunked = self._load(p, reuse=True)
             s = self.scheduler
@@ -414,7 +405,7 @@ class PassDriver:
             saved_config = self._config.swap_in()
             # The recorded constants first: an arm that binds one of them wins while it is on.
             saved_constants = _swap_constants(self._constants)
-            previous_fixes = _switch_fixes(fixes)
+            previous_fixes = switch_fixes(fixes)
             policy_module.mamba_prefill_chunk_grid = self._grid_lookup
             policy_module._use_exact_chunk_fill = self._exact_fill_lookup
             ScheduleBatch.init_new = self._stop_init_new
@@ -435,7 +426,7 @@ class PassDriver:
                 ScheduleBatch.init_new = original_init_new
                 policy_module.mamba_prefill_chunk_grid = original_grid
                 policy_module._use_exact_chunk_fill = original_exact_fill
-                _switch_fixes(previous_fixes)
+                restore_fixes(fixes, previous_fixes)
                 _swap_constants(saved_constants)
                 self._config.swap_out(saved_config)
             decision = self._decision(batch, chunked, admitted_reqs, error)

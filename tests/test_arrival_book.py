@@ -43,3 +43,17 @@ def test_a_trace_that_never_finishes_cannot_grow_the_book(monkeypatch: pytest.Mo
         book.note(_arrival(f"r{n}", ids=b"\3" * 8))
     assert list(book.live) == ["r6", "r7", "r8", "r9"]  # the oldest went
     assert book.prefix_ids("r9") == b""  # block 0: the trace has no ids, none kept
+
+
+@pytest.mark.parametrize("block,input_len,torn", [(16, 40, 0), (16, 48, 3), (1, 5, 0), (64, 10, 5)])
+def test_input_tokens_are_each_blocks_id_value_then_the_requests_own(block: int, input_len: int, torn: int) -> None:
+    ids = bytes(range(7, 7 + 8 * -(-input_len // block) - torn))  # a torn last id reads zero-padded
+    book = ArrivalBook(block)
+    book.note(_arrival("a", input_len=input_len, ids=ids))
+    source = TokenSource(book=book)
+    kept = book.prefix_ids("a") + bytes(-len(book.prefix_ids("a")) % 8)
+    values = [source.vocab + int.from_bytes(kept[i : i + 7], "little") for i in range(0, len(kept), 8)]
+    for n in (input_len, input_len + 9):  # past the ids: the request's own token
+        want = [v for v in values for _ in range(block)][:n]
+        got = source.input_tokens("a", n)
+        assert list(got) == want + [source.token_for("a")] * (n - len(want)) and got.typecode == "q"
