@@ -21,7 +21,11 @@ follows the neighbours' load) and wall seconds, each as a ratio to ``read``. The
 ``--replay-passes 0``, what ``ranks`` is meant to be cheap against: the
 open-loop replay (``replay_trace``, stock against fixed, one job) of a
 synthetic trace of N passes from the same generator, timed once after a
-warm-up, and the whole set's replay estimated from it at that cost per pass. Generated sets are kept in
+warm-up, and the whole set's replay estimated from it at that cost per pass. Then, unless
+``--set-passes 0``, a TP8 set that agrees (``--set-passes`` passes per rank, written as above) replayed
+as ``schedtrace replay`` replays a set (``replay.rank_groups``: the agreement check, one rank per
+agreeing group replayed, the others' reports copied), in CPU seconds against replaying one of its
+ranks alone (target: <= 2x; every rank replayed was 8x plus startup). Generated sets are kept in
 --dir and reused (same seed, same bytes).
 """
 
@@ -144,9 +148,11 @@ def time_ranks(path: Path, expect: str) -> tuple[float, float]:
 @click.option("--runs", type=int, default=3, show_default=True)
 @click.option("--replay-passes", type=int, default=2000, show_default=True,
               help="Passes of one rank to replay for the comparison (0: skip; imports sglang).")
+@click.option("--set-passes", type=int, default=2000, show_default=True,
+              help="Passes per rank of the TP8 set replayed whole (0: skip; imports sglang).")
 @click.option("--dir", "directory", type=click.Path(path_type=Path), default=Path("/tmp/schedtrace-bench"),
               show_default=True)
-def main(passes: int, n_ranks: int, runs: int, replay_passes: int, directory: Path) -> None:
+def main(passes: int, n_ranks: int, runs: int, replay_passes: int, set_passes: int, directory: Path) -> None:
     agree, desync = ensure_sets(directory, passes, n_ranks)
     figures: dict[str, list[tuple[float, float]]] = {"read": [], "ranks agree": [], "ranks desync": []}
     for _ in range(runs):
@@ -165,6 +171,41 @@ def main(passes: int, n_ranks: int, runs: int, replay_passes: int, directory: Pa
         ranks = medians["ranks agree"][0]
         print(f"  replay        cpu {per_pass * 1e6:7.0f} us/pass over {replay_passes} passes: the set's replay "
               f"~{whole:.0f} s, {whole / ranks:.0f}x ranks")
+    if set_passes > 0:
+        bench_set_replay(directory, set_passes, TP_SET)
+
+
+TP_SET = 8
+
+
+def bench_set_replay(directory: Path, per_rank: int, n_ranks: int) -> None:
+    """A whole agreeing TP set replayed as the CLI does it, against one of its ranks alone (CPU, same run)."""
+    from schedtrace.replay.engine import replay_trace
+    from schedtrace.replay.rank_groups import copied_report, plan_ranks
+
+    agree, _ = ensure_sets(directory, per_rank * n_ranks, n_ranks)
+    with open_traceset([agree]) as traces:
+        run = traces.run()
+        ranks = run.ranks
+        replay_trace(ranks[0], jobs=1)  # warm: sglang imported, fixes compiled
+        started = time.process_time()
+        one = replay_trace(ranks[0], jobs=1)
+        one_rank = time.process_time() - started
+        started = time.process_time()
+        plan = plan_ranks(ranks, run=run.label)
+        checked = time.process_time() - started
+        reports = {r.label: replay_trace(r, jobs=1) for r in plan.replayed}
+        for r in ranks:
+            if r.label in plan.same_as:
+                reports[r.label] = copied_report(reports[plan.same_as[r.label]], r, plan.same_as[r.label],
+                                                 plan.why[r.label])
+        whole = time.process_time() - started
+    assert len(reports) == n_ranks and len(plan.replayed) == 1, plan.same_as  # the set agrees: one rank replayed
+    assert reports[ranks[-1].label].divergences == one.divergences
+    print(f"TP{n_ranks} agreeing set, {per_rank} passes per rank: one rank replayed cpu {one_rank:.2f} s; "
+          f"the set {whole:.2f} s = {whole / one_rank:.2f}x one rank (agreement check {checked:.2f} s, "
+          f"{len(plan.replayed)} rank replayed, {len(plan.same_as)} reported as identical; "
+          f"every rank replayed: {n_ranks}x)")
 
 
 def replay_cpu_seconds_per_pass(directory: Path, passes: int) -> float:

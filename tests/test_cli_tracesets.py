@@ -134,7 +134,12 @@ def test_two_ranks_report_per_rank(two_ranks, capsys):
     replay = json_of(["replay", str(two_ranks)], capsys)
     assert list(replay["ranks"]) == ["tp0", "tp1"]
     tp0, tp1 = replay["ranks"].values()
-    assert without_paths(tp0) == without_paths(tp1) and tp0["passes"] == 10
+    # The ranks agree: tp0 is replayed, and tp1's report is tp0's, saying so and why.
+    assert tp0["same_as"] is None and tp1["same_as"] == "tp0" and "agreed with tp0" in tp1["same_as_why"]
+    same = ("same_as", "same_as_why")
+    assert ({k: v for k, v in without_paths(tp0).items() if k not in same}
+            == {k: v for k, v in without_paths(tp1).items() if k not in same}) and tp0["passes"] == 10
+    assert tp1["trace"].endswith("tp1-dp0-pp0-pid1.part000.trace")  # its own file
     assert tp0["stalls"]["stock"]  # each rank's own report, the single-rank shape inside
     assert run(["replay", str(two_ranks), "--fail-on", "divergence"]) == 1
     assert "tripped on tp0, tp1" in capsys.readouterr().err

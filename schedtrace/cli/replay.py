@@ -139,6 +139,8 @@ def render(report: Report, console: Console) -> None:
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     print_holes(report.holes, console, title=False)  # the warnings say how much is missing
+    if report.same_as is not None:
+        console.print(f"[bold]same as {report.same_as}[/]: {report.same_as_why}")
     if retry_note(report.retried_tasks):
         console.print(retry_note(report.retried_tasks))
     if report.unknown_records:
@@ -178,25 +180,31 @@ def replay(traces: TraceSet, rank: str | None, run_id: str | None, old: str, new
         with executor_for(use_ray, address, jobs, activity) as executor:
             activity.import_sglang()
             reports = _replay_all(ranks, executor, activity, use_ray, old, new, stall_passes=stall_passes,
-                                  closed_loop=closed_loop, from_pass=from_pass)
+                                  closed_loop=closed_loop, from_pass=from_pass, run_label=run.label)
     write_reports(run, reports, json_out, dump_report, render)
     exit_if_tripped(reports, lambda report: gate_tripped(report, fail_on), f"--fail-on {fail_on}")
 
 
 def _replay_all(ranks: tuple[RankTrace, ...], executor, activity: Activity, use_ray: bool, old: str, new: str, *,
-                stall_passes: int, closed_loop: bool, from_pass: int) -> dict[str, Report]:
-    """Each rank's report. On Ray, a set of at least as many ranks as workers runs a task per rank;
-    else each rank's pass ranges (and closed-loop arms) are the tasks."""
+                stall_passes: int, closed_loop: bool, from_pass: int, run_label: str) -> dict[str, Report]:
+    """Each rank's report: one rank per agreeing TP group replayed, the others its copies
+    (``replay.rank_groups``). On Ray, a set of at least as many ranks to replay as workers runs
+    a task per rank; else each rank's pass ranges (and closed-loop arms) are the tasks."""
     from schedtrace.replay.closed_loop import run_closed_loop
     from schedtrace.replay.engine import replay_trace
+    from schedtrace.replay.rank_groups import copied_report, plan_ranks
     from schedtrace.replay.set_tasks import closed_loop_on, replay_ranks
 
-    whole = use_ray and 1 < len(ranks) and executor.workers <= len(ranks)
+    if len(ranks) > 1:
+        activity.phase(f"checking that the {len(ranks)} ranks agree")
+    plan = plan_ranks(ranks, run=run_label)
+    replayed = plan.replayed
+    whole = use_ray and 1 < len(replayed) and executor.workers <= len(replayed)
     if whole:
-        activity.phase(f"replaying {len(ranks)} ranks, a Ray task each")
-        found = iter(replay_ranks(executor, ranks, old, new, stall_passes=stall_passes))
+        activity.phase(f"replaying {len(replayed)} ranks, a Ray task each")
+        found = iter(replay_ranks(executor, replayed, old, new, stall_passes=stall_passes))
     reports: dict[str, Report] = {}
-    for r in ranks:
+    for r in replayed:
         which = f" ({r.label})" if len(ranks) > 1 else ""
         retried = executor.retried
         if whole:
@@ -213,4 +221,8 @@ def _replay_all(ranks: tuple[RankTrace, ...], executor, activity: Activity, use_
                                                                   stall_passes=stall_passes))
         report.retried_tasks = executor.retried - retried  # the pass ranges' and the arms'
         reports[r.label] = report
-    return reports
+    for r in ranks:  # each rank not replayed gets its group's replayed rank's report, in set order
+        if r.label in plan.same_as:
+            reports[r.label] = copied_report(reports[plan.same_as[r.label]], r, plan.same_as[r.label],
+                                             plan.why[r.label])
+    return {r.label: reports[r.label] for r in ranks}

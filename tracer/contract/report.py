@@ -206,6 +206,9 @@ class Report(msgspec.Struct, kw_only=True):
     holes: Holes = msgspec.field(default_factory=Holes)
     # Tasks a distributed backend (--ray) ran again after their worker died; 0 locally.
     retried_tasks: int = 0
+    # Not replayed: the rank of its TP group whose replay this is (replay/rank_groups.py), and why that holds.
+    same_as: str | None = None
+    same_as_why: str = ""
 
 
 SWEEP_VERSION: Final = 1
