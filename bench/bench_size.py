@@ -33,7 +33,7 @@ from pathlib import Path
 import click
 
 from schedtrace.tracer.contract.codec import peek_tag
-from schedtrace.tracer.contract.format import TraceReader, TraceWriter
+from schedtrace.tracer.contract.format import KeyframePolicy, TraceReader, TraceWriter
 from schedtrace.tracer.contract.frames import frames
 from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, read_marker
 from schedtrace.tracer.contract.schema import Header, Record
@@ -68,9 +68,10 @@ def flushes(records: list[Record]) -> Iterator[list[Record]]:
         yield batch
 
 
-def write(path: Path, header: Header, batches: list[list[Record]], version: int) -> float:
+def write(path: Path, header: Header, batches: list[list[Record]], version: int,
+          keyframes: KeyframePolicy | None = None) -> float:
     """Write the batches; seconds spent in write_many."""
-    writer = TraceWriter(path, header, version=version, fsync_every_s=None)
+    writer = TraceWriter(path, header, version=version, fsync_every_s=None, keyframes=keyframes)
     spent = 0.0
     for batch in batches:
         started = time.perf_counter()
@@ -206,20 +207,35 @@ def cost(folder: Path, synthetic: dict[int, dict[int, Path]], rounds: int) -> No
         print(f"  {name:26} writer per record: v1 {spent[1] * 1e6:6.1f} us, v2 {spent[2] * 1e6:6.1f} us "
               f"(v2/v1 {spent[2] / spent[1]:.2f})")
     for queue, paths in synthetic.items():
-        seek = {}
-        for version, path in paths.items():
-            with TraceReader(path) as reader:
-                count = reader.pass_count
-                picks = random.Random(1).sample(range(count), min(300, count))
-                times = array("d")
-                for n in picks:
-                    reader._chain._last = None  # a jump: not a step on from the pass rebuilt last
-                    started = time.perf_counter()
-                    reader.pass_at(n)
-                    times.append(time.perf_counter() - started)
-                seek[version] = (statistics.median(times), max(times))
+        seek = {version: seek_times(path) for version, path in paths.items()}
         print(f"  backlog {queue:<5} pass_at(random n): v1 median {seek[1][0] * 1e3:.3f} ms "
-              f"(max {seek[1][1] * 1e3:.2f}), v2 median {seek[2][0] * 1e3:.3f} ms (max {seek[2][1] * 1e3:.2f})")
+              f"(max {seek[1][1] * 1e3:.2f}), v2 median {seek[2][0] * 1e3:.3f} ms (max {seek[2][1] * 1e3:.2f}), "
+              f"v2/v1 {seek[2][0] / seek[1][0]:.2f}x (target: v2 median <= 1 ms at 1,000)")
+        # The same passes under the keyframe rule before walk_bytes (issue 25): what the bound buys and costs.
+        header, records, _ = read_all(paths[1])
+        ratio_only = folder / f"backlog{queue}.ratio-only.trace"
+        write(ratio_only, header, [records[i : i + 200] for i in range(0, len(records), 200)], 2,
+              KeyframePolicy(walk_bytes=1 << 62))
+        old = seek_times(ratio_only)
+        kept = record_sizes(paths[2])[1], record_sizes(ratio_only)[1]
+        print(f"  {'':13} v2 under the ratio rule alone: median {old[0] * 1e3:.3f} ms (max {old[1] * 1e3:.2f}), "
+              f"{len(kept[1])} keyframes, {ratio_only.stat().st_size / 1e6:.2f} MB; with walk_bytes: "
+              f"{seek[2][0] / old[0]:.2f}x the seek, {len(kept[0])} keyframes, "
+              f"{paths[2].stat().st_size / ratio_only.stat().st_size:.2f}x the file")
+
+
+def seek_times(path: Path) -> tuple[float, float]:
+    """Median and worst ``pass_at`` over 300 random passes, each a jump (not a step on from the last)."""
+    with TraceReader(path) as reader:
+        count = reader.pass_count
+        picks = random.Random(1).sample(range(count), min(300, count))
+        times = array("d")
+        for n in picks:
+            reader._chain._last = None  # a jump: not a step on from the pass rebuilt last
+            started = time.perf_counter()
+            reader.pass_at(n)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times), max(times)
 
 
 @click.command()

@@ -22,7 +22,8 @@ from schedtrace.tracer.contract.delta import COPIED, RUNNING_FIELDS, Differ, reb
 from schedtrace.tracer.contract.errors import TraceDamagedError
 from schedtrace.tracer.contract.format import FileOps, TraceReader, TraceWriter
 from schedtrace.tracer.contract.frames import frame_end
-from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL, KeyframePolicy
+from schedtrace.tracer.contract.keyframes import (DEFAULT_BYTES_RATIO, DEFAULT_WALK_BYTES, MAX_KEYFRAME_INTERVAL,
+                                                  KeyframePolicy)
 from schedtrace.tracer.contract.schema import (
     Admitted,
     Alloc,
@@ -373,26 +374,41 @@ def test_the_pass_after_a_failed_write_or_a_loss_record_is_a_keyframe(tmp_path: 
             msgspec.structs.replace(p, seq=20 + i) for i, p in enumerate(records[30:40])]
 
 
+def _keyframe_runs(tmp_path: Path, queue: int, policy: KeyframePolicy | None) -> tuple[list[int], list[int]]:
+    """Pass record sizes and keyframe pass numbers of 1,500 passes over a queue of ``queue`` written under ``policy``."""
+    model = Model(10)
+    for _ in range(queue):
+        model._arrive([])
+    records = passes_of([r for seq in range(1500) for r in model.step(seq)])
+    path = tmp_path / f"q{queue}.trace"
+    write_v2(path, records, batch=50, keyframes=policy)
+    data = path.read_bytes()
+    with TraceReader(path) as reader:
+        offsets = list(reader.pass_offsets)
+        keyframes = list(offsets_from_bytes(reader.footer.keyframes))
+        assert list(reader.passes()) == records
+    sizes = [frame_end(data, offset, len(data), 1 << 26) - offset for offset in offsets]
+    assert keyframes[0] == 0 and max(b - a for a, b in zip(keyframes, keyframes[1:])) <= MAX_KEYFRAME_INTERVAL
+    return sizes, keyframes
+
+
 def test_keyframes_stay_a_bounded_share_of_the_bytes_whatever_the_queue_length(tmp_path: Path) -> None:
     shares = {}
     for queue in (40, 1000):
-        model = Model(10)
-        for _ in range(queue):
-            model._arrive([])
-        records = passes_of([r for seq in range(1500) for r in model.step(seq)])
-        path = tmp_path / f"q{queue}.trace"
-        write_v2(path, records, batch=50)
-        data = path.read_bytes()
-        with TraceReader(path) as reader:
-            offsets = list(reader.pass_offsets)
-            keyframes = list(offsets_from_bytes(reader.footer.keyframes))
-            assert list(reader.passes()) == records
-        sizes = [frame_end(data, offset, len(data), 1 << 26) - offset for offset in offsets]
+        sizes, keyframes = _keyframe_runs(tmp_path, queue, KeyframePolicy(walk_bytes=1 << 62))  # the ratio rule alone
         whole = sum(sizes[n] for n in keyframes)
         # the byte rule: each keyframe is followed by deltas of twice its size (the last run may be short)
         shares[queue] = (whole - sizes[keyframes[-1]]) / sum(sizes)
-        assert keyframes[0] == 0 and max(b - a for a, b in zip(keyframes, keyframes[1:])) <= MAX_KEYFRAME_INTERVAL
     assert all(share <= 1 / 3 for share in shares.values()), shares
+
+
+def test_a_seek_walks_at_most_walk_bytes_of_deltas(tmp_path: Path) -> None:
+    """The default policy: behind a large keyframe the deltas stop at DEFAULT_WALK_BYTES, not twice its size."""
+    sizes, keyframes = _keyframe_runs(tmp_path, 1000, None)
+    walked = [sum(sizes[a + 1 : b]) for a, b in zip(keyframes, keyframes[1:])]
+    largest_delta = max(size for n, size in enumerate(sizes) if n not in set(keyframes))
+    assert max(walked) < DEFAULT_WALK_BYTES + largest_delta
+    assert min(sizes[n] for n in keyframes) * DEFAULT_BYTES_RATIO > DEFAULT_WALK_BYTES  # the ratio rule would wait longer
 
 
 def test_version_1_writes_every_pass_whole_and_stock_msgpack_reads_every_v2_record(tmp_path: Path) -> None:

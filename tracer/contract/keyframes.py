@@ -4,10 +4,16 @@ A keyframe is a plain ``pass`` record; the passes between keyframes are
 ``delta`` records (delta.py). The writer writes a keyframe for the first
 pass of every file, after anything it could not write or was told it lost
 (a failed write, a ``Loss`` record), and then whenever the deltas since the
-last keyframe hold ``bytes_ratio`` times that keyframe's bytes, or
-``every`` passes have gone by. The byte rule keeps keyframes at most
-1 / (1 + ``bytes_ratio``) of the pass bytes whatever the queue length; the
-count rule bounds how many deltas a reader applies to reach any pass.
+last keyframe hold ``bytes_ratio`` times that keyframe's bytes or
+``walk_bytes`` bytes, whichever is less, or ``every`` passes have gone by.
+The ratio rule keeps keyframes at most 1 / (1 + ``bytes_ratio``) of the pass
+bytes whatever the queue length; the walk rule bounds what a reader decodes
+and applies to reach any pass (a seek's cost follows the delta bytes it
+walks: at a 1,000-request backlog a keyframe is some 50 KB, and the ratio
+rule alone let 100 KB of deltas, 300 passes, pile up behind it); the count
+rule bounds how many deltas it applies. Where keyframes fall is the writer's
+choice: a reader takes any placement within ``MAX_KEYFRAME_INTERVAL``, so
+files written under an older rule read as before.
 
 Every pass is fewer than ``MAX_KEYFRAME_INTERVAL`` passes after its
 keyframe: the reader refuses a file that says otherwise.
@@ -28,11 +34,13 @@ from schedtrace.tracer.contract.schema import Pass
 
 MAX_KEYFRAME_INTERVAL: Final = 1024  # a pass is at most this many - 1 deltas after its keyframe
 DEFAULT_BYTES_RATIO: Final = 2.0
+DEFAULT_WALK_BYTES: Final = 24 << 10  # a seek walks at most this many delta bytes (about 0.5 ms at a 1,000 backlog)
 
 
 class KeyframePolicy(msgspec.Struct, frozen=True):
     every: int = MAX_KEYFRAME_INTERVAL  # passes from one keyframe to the next, at most
     bytes_ratio: float = DEFAULT_BYTES_RATIO  # delta bytes since a keyframe, in units of its size, before the next
+    walk_bytes: int = DEFAULT_WALK_BYTES  # delta bytes since a keyframe before the next, at most
 
     def __post_init__(self) -> None:
         if not 1 <= self.every <= MAX_KEYFRAME_INTERVAL:
@@ -58,7 +66,8 @@ class PassEncoder:
         before = len(buffer)
         previous = self._differ.previous
         keyframe = (previous is None or p.seq != previous.seq + 1 or self._deltas + 1 >= self.policy.every
-                    or self._delta_bytes >= self.policy.bytes_ratio * self._keyframe_bytes)
+                    or self._delta_bytes >= min(self.policy.bytes_ratio * self._keyframe_bytes,
+                                                self.policy.walk_bytes))
         encode_into(p if keyframe else self._differ.diff(p), buffer)
         size = len(buffer) - before
         if keyframe:
