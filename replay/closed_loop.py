@@ -120,8 +120,10 @@ def run_arm(
                 new_token_ratio=start.new_token_ratio,
                 chunked_prefill_size=start.chunked_prefill_size,
                 pools=pools,
+                processed_tokens=loop.processed_at(loop.start_iteration + step),
             )
-            p = msgspec.structs.replace(p, idle_before=idle)
+            p = msgspec.structs.replace(p, idle_before=idle,
+                                        order=loop.draw_at(loop.start_iteration + step, p.waiting))
             idle = 0
             decision = driver.decide(p, arm)
             run.passes.append(with_outputs(p, decision, state))

@@ -14,7 +14,10 @@ grows as a shared prefix's chunks land).
 
 from __future__ import annotations
 
+import random
+import zlib
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from schedtrace.replay.loop_pools import FULL_POOL, LoopPools, swa_window_tokens
@@ -24,7 +27,16 @@ from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import FINISH_REJECTED
+from schedtrace.tracer.contract.order import order_runs
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
+
+
+RANDOM = "random"  # sglang's --schedule-policy that shuffles the queue every pass
+
+
+def queue_key(rids: Iterable[str]) -> int:
+    """A fixed 32-bit key of a queue's rids in order (the same in every process)."""
+    return zlib.crc32("\0".join(rids).encode("utf-8", "replace"))
 
 
 # Finish reasons of a request that may leave the queue without running (an abort, a rejection).
@@ -50,6 +62,10 @@ class TraceScan:
     # The pass index of each point (``pass_at``'s): 0, 1, 2, ... but past an unreadable
     # region (a reader with ``skip_damaged``), whose pass records are missing here.
     numbers: list[int] = field(default_factory=list)
+    # Each point's Pass.processed_tokens (sglang's counter hrrn ages the queue by; None: not recorded)
+    processed: list[int | None] = field(default_factory=list)
+    # Under the random policy, each point's draw: (queue_key of its waiting rows, Pass.order)
+    draws: list[tuple[int, list[int] | None]] = field(default_factory=list)
     # The server ran sglang's overlap scheduler: a running request was seen without its first output
     # (its prefill's result not yet processed), which the normal loop never shows. Only for traces
     # whose header does not say (``Header.overlap_schedule`` None).
@@ -83,6 +99,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     admitted_at: dict[str, int] = {}
     finished_ns: dict[str, int] = {}
     ended_unrun: dict[str, int] = {}
+    processed: list[int | None] = []
+    draws: list[tuple[int, list[int] | None]] = []
+    random_policy = reader.header.server_args.schedule_policy == RANDOM
     queue_lengths: list[int] = []
     numbers: list[int] = []
     first = reader.header.first_pass
@@ -103,6 +122,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             it_records += max(record.repeat, 1)
             it_before += max(record.repeat, 1)
             queue_lengths.append(len(record.waiting))
+            processed.append(record.processed_tokens)
+            if random_policy:
+                draws.append((queue_key(w.rid for w in record.waiting), record.order))
             overlap = overlap or any(r.output_len == 0 for r in record.running)
             _note_matches(matches, index, record)
             for admitted in record.admitted:
@@ -120,7 +142,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     points = by_idle_records if seen_idle_record else by_idle_before
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
-        admitted_at=admitted_at, finished_ns=finished_ns, ended_unrun=ended_unrun, queue_lengths=queue_lengths, numbers=numbers,
+        admitted_at=admitted_at, finished_ns=finished_ns, ended_unrun=ended_unrun, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap,
     )
 
@@ -137,6 +159,10 @@ class LoopInput:
     clock: PassClock
     start_iteration: int
     recorded_passes: int
+    # (scheduler pass, sglang's processed-tokens counter at its entry) of each pass record
+    processed_points: list[tuple[int, int]] = field(default_factory=list)
+    # Under the random policy: scheduler pass -> (queue_key of its waiting rows, the recorded draw)
+    draws: dict[int, tuple[int, list[int] | None]] = field(default_factory=dict)
     # (step, rid): a request the recording aborted or rejected before it ran leaves the queue then
     leaves: list[tuple[int, str]] = field(default_factory=list)
     # (step, rid, prefix match, its part in the evictable count), by step
@@ -144,6 +170,28 @@ class LoopInput:
     overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
     # Every arrival record: what the driver's ArrivalBook keeps of each (prefix ids, hrrn's stamp).
     arrival_records: list[Arrival] = field(default_factory=list)
+
+    def processed_at(self, iteration: int) -> int:
+        """sglang's processed-tokens counter at scheduler pass ``iteration``: the recording's, as the
+        pass clock's times are (its quirks included: it is what the recorded arrival stamps count by).
+        Between pass records only decodes run, so it is the next record's (past the last: the last)."""
+        counts = self.processed_points
+        if not counts:
+            return 0
+        return counts[min(bisect_left(counts, (iteration, -1)), len(counts) - 1)][1]
+
+    def draw_at(self, iteration: int, waiting: list[WaitingReq]) -> list[int] | None:
+        """``Pass.order`` for a random-policy loop pass: the recording's draw where the loop's queue
+        is the recorded one at that pass (the stock arm in step with it), else a draw of its own,
+        seeded by the pass so a replay stays deterministic; None for other policies."""
+        if not self.draws:
+            return None
+        recorded = self.draws.get(iteration)
+        if recorded is not None and recorded[0] == queue_key(w.rid for w in waiting):
+            return recorded[1]
+        perm = list(range(len(waiting)))
+        random.Random(iteration).shuffle(perm)
+        return order_runs(perm)
 
     @property
     def page_size(self) -> int:
@@ -210,6 +258,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         matches=matches,
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
         arrival_records=scan.arrivals,
+        draws={it: draw for (it, _), draw in zip(scan.points, scan.draws)},
+        processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
         leaves=sorted((max(scan.clock.iteration_at(t_ns) - start_iteration, 0), rid)
                       for rid, t_ns in scan.ended_unrun.items() if rid in known),
     )
@@ -283,7 +333,6 @@ def initial_state(
         swa_evictable=(kv.swa_evictable or 0) if swa else None,
         mamba_free=kv.mamba_available if mamba else None,
         mamba_evictable=(kv.mamba_evictable or 0) if mamba else None,
-        processed_tokens=p.processed_tokens or 0,
     )
 
 

@@ -38,6 +38,7 @@ def to_pass(
     new_token_ratio: float,
     chunked_prefill_size: int | None,
     pools: LoopPools = FULL_POOL,
+    processed_tokens: int | None = None,
 ) -> Pass:
     """The synthetic pass record of ``state`` (inputs only; outputs empty)."""
     chunked = state.chunked
@@ -106,7 +107,7 @@ def to_pass(
         chunk=None,
         new_chunked_rid=None,
         batch_is_full_out=state.batch_is_full,
-        processed_tokens=state.processed_tokens,
+        processed_tokens=processed_tokens,
     )
 
 

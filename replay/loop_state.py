@@ -44,6 +44,7 @@ from schedtrace.replay.loop_pass import replace_pass, to_pass, with_outputs  # r
 from schedtrace.replay.loop_pools import (  # ceil_page: re-exported
     FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
 )
+from schedtrace.tracer.contract.order import in_order
 from schedtrace.tracer.contract.report import Decision
 
 __all__ = ["LoopReq", "LoopState", "StepResult", "apply_decision", "ceil_page", "replace_pass", "to_pass",
@@ -95,8 +96,6 @@ class LoopState:
     swa_evictable: int | None = None
     mamba_free: int | None = None
     mamba_evictable: int | None = None
-    # sglang's processed_tokens_counter: prefill tokens forwarded so far (hrrn ages the queue by it)
-    processed_tokens: int = 0
 
     def copy(self) -> LoopState:
         return replace(
@@ -139,7 +138,6 @@ class LoopState:
             self.swa_evictable,
             self.mamba_free,
             self.mamba_evictable,
-            self.processed_tokens,
         )
 
     @property
@@ -188,11 +186,13 @@ def apply_decision(
     finishing by length) and leaves at the end of the step.
     """
     state = state.copy()
+    if decision.queue_order is not None and decision.error is None:
+        # calc_priority sorted sglang's queue in place: the next pass starts from that order.
+        state.waiting = in_order(state.waiting, decision.queue_order)
     result = StepResult()
     step = StepPools.of(state, pools, page_size, radix_cache)
     prefilled: list[LoopReq] = []  # prefills completed this pass: they run from the next pass
 
-    state_chunked_before = state.chunked is not None
     need, plans = admission_plan(state, decision, page_size)
     # The SWA side pages the same new pages; each new request takes its mamba slots.
     slots = len(plans) * pools.mamba_slots_per_req
@@ -218,9 +218,6 @@ def apply_decision(
     active = [r for r in state.running if r not in finishing]
     decoding = active if mixed_chunk or not prefill_batch else []
     state.running = [r for r in state.running if r not in decoding]
-    if prefill_batch:  # Scheduler.run_batch adds the batch's extend_num_tokens (a mixed decode: one each)
-        chunk = decision.chunk_size or 0 if state_chunked_before else 0
-        state.processed_tokens += sum(plan.extend for plan in plans.values()) + chunk + (len(decoding) if mixed_chunk else 0)
     shrank = _decode(state, decoding, step, result)
     for req in prefilled:
         req.output_len += 1  # the prefill's forward samples the first token
