@@ -48,15 +48,15 @@ def synthetic_workload() -> Workload:
                                max_new_tokens=out, ignore_eos=True, priority=priority, finish_reason="length",
                                client_abort_ms=abort_ms)
 
-    family = [ids(20), ids(20)]
+    family = [ids(20), ids(20)]  # members 1.5 s apart: the one before is prefilled, its prefix in the tree
     requests = [req(0, ids(188), 3000, 2000, priority=1, abort_ms=1500)]  # long: still running when dropped
     for f, prefix in enumerate(family):
         for m in range(3):
             own = 5 + 3 * m
-            requests.append(req(300 + 1800 * f + 600 * m, prefix + ids(own), (20 + own) * BLOCK - 7, 6 + m,
+            requests.append(req(300 + 4500 * f + 1500 * m, prefix + ids(own), (20 + own) * BLOCK - 7, 6 + m,
                                 priority=m))
-    requests.append(req(3600, ids(63), 1000, 8))
-    requests.append(req(3900, ids(7), 100, 4, priority=2))
+    requests.append(req(9300, ids(63), 1000, 8))
+    requests.append(req(9600, ids(7), 100, 4, priority=2))
     return Workload(block=BLOCK, shared_prefixes=True, requests=requests)
 
 
@@ -101,7 +101,7 @@ def round_trip(sandbox, tmp_path_factory):
     cut = write_trace(folder / "first.trace", header, [r for r in mine], end_t_ns=max(
         (getattr(r, "t_ns", 0) for r in mine), default=0) + 1)
     exported = folder / "first.jsonl"
-    done = run_cli("export", str(cut), "--format", "mooncake", "-o", str(exported))
+    done = run_cli("export", str(cut), "--format", "mooncake", "-o", str(exported), "--block-size", str(BLOCK))
     assert done.returncode == 0, done.stderr
     again = run_cli("redrive", str(cut), "--url", sandbox.url, "--rid-prefix", SECOND,
                     "--json", str(folder / "second.json"), timeout=300)
