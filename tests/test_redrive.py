@@ -220,3 +220,15 @@ def _arrived(trace_dir: Path, prefix: str, count: int) -> bool:
         if seen >= count:
             return True
     return False
+
+
+def test_a_refusal_counts_as_aborted_only_where_the_recording_had_one() -> None:
+    from schedtrace.tracer.sandbox.redrive import _judge
+
+    reply = json.dumps({"meta_info": {"finish_reason": {"type": "abort"}}}).encode()
+    for reason, expected in (("rejected", "aborted"), ("abort", "aborted"), ("length", "failed")):
+        request = WorkloadRequest(t_ms=0.0, input_len=16, output_len=0, hash_ids=[0], max_new_tokens=4,
+                                  ignore_eos=True, priority=None, finish_reason=reason)
+        [planned] = plan(Workload(block=BLOCK, shared_prefixes=True, requests=[request]))
+        assert _judge(planned, 503, reply).status == expected
+        assert _judge(planned, 200, b'{"meta_info": {"completion_tokens": 4}}').status == "completed"

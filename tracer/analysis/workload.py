@@ -23,7 +23,7 @@ from typing import Final, Protocol
 import msgspec
 
 from schedtrace.tracer.contract.errors import TraceError, TraceFormatError
-from schedtrace.tracer.contract.names import SGLANG_HEALTH_CHECK_RID_PREFIX
+from schedtrace.tracer.contract.names import FINISH_REJECTED, SGLANG_HEALTH_CHECK_RID_PREFIX
 from schedtrace.tracer.contract.prefix_ids import PREFIX_BLOCK_TOKENS, PREFIX_ID_BYTES, id_count, split_ids
 from schedtrace.tracer.contract.schema import Abort, Arrival, Clock, Finish, Header, Record
 
@@ -31,8 +31,9 @@ MAX_REQUESTS: Final = 200_000  # arrivals one workload holds
 MAX_INPUT_LEN: Final = 1 << 21  # tokens in one request's input (2M: beyond any context window)
 ABORT_ALL: Final = "*"  # Abort.rid of an abort-all (an operator's, not a client's)
 # Finish.reason values kept as they are; anything else is written as "other".
-FINISH_REASONS: Final = frozenset({"length", "stop", "abort"})
+FINISH_REASONS: Final = frozenset({"length", "stop", "abort", FINISH_REJECTED})
 NORMAL_FINISH: Final = frozenset({"length", "stop"})
+REFUSED_FINISH: Final = frozenset({"abort", FINISH_REJECTED})  # the server ended it: a re-drive may see it again
 
 
 class WorkloadRequest(msgspec.Struct, frozen=True):
@@ -45,7 +46,7 @@ class WorkloadRequest(msgspec.Struct, frozen=True):
     max_new_tokens: int  # as the client asked
     ignore_eos: bool
     priority: int | None
-    finish_reason: str | None  # "length", "stop", "abort", "other"; None: no Finish recorded
+    finish_reason: str | None  # "length", "stop", "abort", "rejected", "other"; None: no Finish recorded
     client_abort_ms: float | None = None  # the client dropped it this long after its arrival
 
     @property

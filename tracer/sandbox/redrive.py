@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from schedtrace.tracer.analysis.workload import Workload, WorkloadRequest
+from schedtrace.tracer.analysis.workload import REFUSED_FINISH, Workload, WorkloadRequest
 from schedtrace.tracer.contract.errors import EndpointUnreachableError, UsageError
 
 LOWEST_TOKEN: Final = 3  # ids below are bos/eos/pad in most vocabularies
@@ -222,7 +222,7 @@ def _judge(planned: Planned, status: int, data: bytes) -> Outcome:
     if status == 200 and reason != "abort":
         return Outcome(planned.rid, COMPLETED, output_tokens=tokens if isinstance(tokens, int) else None)
     detail = f"the server answered {status}" + (" (abort)" if reason == "abort" else "")
-    recorded_abort = planned.request.finish_reason == "abort" or planned.request.client_aborted
+    recorded_abort = planned.request.finish_reason in REFUSED_FINISH or planned.request.client_aborted
     return Outcome(planned.rid, ABORTED if recorded_abort else FAILED, detail)
 
 
