@@ -85,7 +85,7 @@ def plan_ranks(ranks: Sequence[RankTrace], *, run: str) -> RankPlan:
                 plan.same_as[label] = first
                 plan.why[label] = (
                     f"not replayed: {label} agreed with {first} on every one of its {facts[label].pass_records} "
-                    f"pass records (inputs and decisions, schedtrace ranks), on the header and on every arrival, "
+                    f"pass records (inputs and decisions, schedtrace ranks), on the header and on every arrival, abort, "
                     f"finish, retract and aiter event; the replay reads nothing else, so {first}'s replay is "
                     f"{label}'s, and so is its fidelity")
     plan.replayed = [r for r in ranks if r.label not in plan.same_as]
