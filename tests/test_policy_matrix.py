@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from schedtrace.replay.closed_loop import run_closed_loop
 from schedtrace.replay.driver import PassDriver
 from schedtrace.testing.matrix import CONFIGS, Recorded, record
 from schedtrace.replay.engine import replay_trace
@@ -70,6 +71,20 @@ def test_stock_reproduces_every_decision_and_queue_order(matrix: dict[str, Recor
     assert (fid.matched, fid.order_matched) == (fid.total, fid.order_total), fid.mismatches[:3]
     assert fid.order_total == report.passes
 
+
+
+# sglang's retraction test hook retracts every SGLANG_TEST_RETRACT_INTERVAL forwards, which the
+# closed loop does not (it retracts on decode OOM); measured 2.9% p50, 13.4% p90 wait error there.
+CLOSED_LOOP_EXACT = [c.name for c in CONFIGS if "SGLANG_TEST_RETRACT" not in c.env]
+
+
+@pytest.mark.parametrize("name", CLOSED_LOOP_EXACT)
+def test_the_stock_closed_loop_reproduces_the_recording(matrix: dict[str, Recorded], name: str) -> None:
+    """Evolved by its own decisions, the stock arm admits each request when the server did."""
+    check = run_closed_loop(matrix[name].trace, ["stock"]).self_check
+    assert check.requests > 20 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert check.wait_error_p50 <= 0.02 and check.wait_error_p90 <= 0.05, check
+    assert check.loop_queue_peak == check.recorded_queue_peak, check
 
 @pytest.mark.parametrize("name", ["lpm", "hrrn", "shortest-prefill-first", "mamba-lpm"])
 def test_cache_aware_policies_deprioritized_shared_prefixes(matrix: dict[str, Recorded], name: str) -> None:
