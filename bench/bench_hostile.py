@@ -36,7 +36,7 @@ from typing import Final
 import click
 import msgspec
 
-from schedtrace.tracer.contract.builders import header, pass_record
+from schedtrace.testing.builders import header, pass_record
 from schedtrace.tracer.contract.codec import PASS_TAGS, encode, offsets_to_bytes, peek_tag
 from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.errors import SchedtraceError, TraceDamagedError

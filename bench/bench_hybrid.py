@@ -44,10 +44,11 @@ import msgspec
 
 from bench import bench_recorder as bench
 from schedtrace.replay.driver import PassDriver
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Alloc, Header, Pass, PoolLayout, ServerArgs
-from schedtrace.tracer.recorder import pools, rig
+from schedtrace.tracer.recorder import pools
+from schedtrace.testing import rig
 from schedtrace.tracer.recorder.header import header_row
 
 FAMILIES = ("mamba", "swa")

@@ -29,7 +29,7 @@ import click
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter
 from schedtrace.tracer.export.otel_mirror import make_sink
 from schedtrace.tracer.contract.schema import Pass, Record

@@ -2,7 +2,7 @@
 
     python -m bench.bench_ranks [--passes 1000000] [--ranks 8] [--runs 3] [--dir /tmp/schedtrace-bench]
 
-One synthetic trace (tracer/contract/synthetic.py) of passes/ranks passes is
+One synthetic trace (schedtrace/testing/synthetic.py) of passes/ranks passes is
 written out as the ranks of one run: the same records under one header per
 rank (run id, tp rank, pid, start time), each rank rotated into two parts,
 as a TP server writes them. A second set differs from the first in one
@@ -41,7 +41,7 @@ import msgspec
 from schedtrace.tracer.analysis.ranks import compare_ranks
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter
 from schedtrace.tracer.contract.schema import Header, KvSnapshot, Pass
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.contract.traceset import open_traceset
 
 ALTERED_RANK = 5

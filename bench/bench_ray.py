@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     from schedtrace.replay.engine import replay_trace
     from schedtrace.replay.executor import LocalExecutor
     from schedtrace.tracer.contract.report import dump_report
-    from schedtrace.tracer.contract.synthetic import generate
+    from schedtrace.testing.synthetic import generate
 
     with tempfile.TemporaryDirectory() as folder:
         path = SAMPLE

@@ -5,7 +5,7 @@ Runs the real ``Scheduler._get_new_batch_prefill_raw`` (and the real
 ``schedtrace.replay.driver.PassDriver`` sets up from one pass record: real ``Req``
 objects, a real ``ScheduleBatch``, real policy. The scheduler itself is
 ``Scheduler.__new__`` with the attributes the pass reads (no model, no
-forward). The rig (``schedtrace.tracer.recorder.rig``) wraps every hook point
+forward). The rig (``schedtrace.testing.rig``) wraps every hook point
 of the pass as HookRegistry's AROUND wrapper does (``targets.PASS_TARGETS``:
 the pass, the adder and budget methods, the allocator methods and the tree
 caches' ``lock``). Three arms:
@@ -78,7 +78,7 @@ from schedtrace.tracer.contract.format import TraceReader  # noqa: E402
 from schedtrace.tracer.contract.schema import Alloc  # noqa: E402
 from schedtrace.tracer.recorder.hooks import make_hooks  # noqa: E402
 from schedtrace.tracer.recorder.lifecycle import Recorder  # noqa: E402
-from schedtrace.tracer.recorder.rig import (  # noqa: E402
+from schedtrace.testing.rig import (  # noqa: E402
     RUNNING,
     WAITING,
     HookPoints,

@@ -92,7 +92,8 @@ def _arm_line(label: str, arm: str, n: int, elapsed: float, bare: float) -> str:
 
 def _warm_driver(header, first):
     """A driver whose patches are compiled and imports done (both arms once)."""
-    from schedtrace.replay.driver import PassDriver, _Ratio
+    from schedtrace.replay.driver import PassDriver
+    from schedtrace.replay.pass_standins import Ratio as _Ratio
 
     driver = PassDriver(header)
     driver.decide(first, "stock")
@@ -144,7 +145,7 @@ def _whole_seconds(replay_trace, path: str, jobs: int) -> float:
 
 def main(argv: list[str]) -> int:
     passes_wanted = int(argv[argv.index("--passes") + 1]) if "--passes" in argv else 6000
-    from schedtrace.tracer.contract.synthetic import generate
+    from schedtrace.testing.synthetic import generate
     from schedtrace.replay.engine import replay_trace
     from schedtrace.tracer.contract.format import TraceReader
 

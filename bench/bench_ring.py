@@ -8,7 +8,7 @@ measured in the same run, is what the ring kept before (every record v1
 encoded, the newest that fit): the longest tail of the records whose v1
 encodings fit the same capacity. Cases: the sample traces (the sandbox under
 the demo's overload) and synthetic backlogs of 40 and 1,000 waiting
-requests (tracer/contract/synthetic.py, sglang-length rids). Also the
+requests (schedtrace/testing/synthetic.py, sglang-length rids). Also the
 writer-thread time per record to keep it (v1: encoding it; v2: ``Ring.add``),
 beside file mode's v2 writer on the same records (``TraceWriter.write_many``),
 and to write a window out (``Ring.take``), best of ``--rounds``.
@@ -28,7 +28,7 @@ import msgspec
 from bench.bench_size import SAMPLES, flushes, read_all, write
 from schedtrace.tracer.contract.format import encode_into
 from schedtrace.tracer.contract.schema import Header, Pass, Record
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.recorder.ring import Ring
 
 

@@ -10,7 +10,7 @@
   batches compressed with zstd (per batch, with and without a dictionary
   trained on the first 100 batches), which is what compression would buy on
   top.
-* Backlog: synthetic traces (tracer/contract/synthetic.py) with 40 and with
+* Backlog: synthetic traces (schedtrace/testing/synthetic.py) with 40 and with
   1,000 requests waiting: pass record sizes and bytes per pass, v1 and v2,
   the bytes per pass and per queued request, and what a GPU server at 30
   passes/s would write per hour per rank and for TP8.
@@ -37,7 +37,7 @@ from schedtrace.tracer.contract.format import KeyframePolicy, TraceReader, Trace
 from schedtrace.tracer.contract.frames import frames
 from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, read_marker
 from schedtrace.tracer.contract.schema import Header, Record
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 
 SAMPLES = sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.trace"))
 FLUSH_NS = 50_000_000  # the writer thread's flush interval (tracer/recorder/writer_thread.py)

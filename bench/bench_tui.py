@@ -60,7 +60,7 @@ def contract_digest() -> str:
 
 
 def ensure_trace(directory: Path, passes: int) -> tuple[Path, Path]:
-    from schedtrace.tracer.contract.synthetic import generate
+    from schedtrace.testing.synthetic import generate
 
     stem = f"bench-{passes}-{contract_digest()}"
     trace, report = directory / f"{stem}.trace", directory / f"{stem}.json"

@@ -1,4 +1,4 @@
-"""Write a synthetic trace (``schedtrace.tracer.contract.synthetic``) from the shell.
+"""Write a synthetic trace (``schedtrace.testing.synthetic``) from the shell.
 
     python -m bench.gen_trace OUT.trace --passes 1000000 [--report OUT.json] [--seed 7]
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 
 
 @click.command()

@@ -26,16 +26,8 @@ the call only, for one that raises with the admitted list, so no batch is
 built and nothing is allocated. What ``alloc_extend`` would have been asked
 for is computed from that list to find over-asks.
 
-The recorded ``Header.mamba_chunk_grid`` is an environment input like the KV
-counts: sglang reads it through the module-level
-``schedule_policy.mamba_prefill_chunk_grid()`` (in ``PrefillAdder.__init__``)
-and, once at scheduler start, through ``Scheduler.init_mamba_truncation_align``.
-Both lookups answer the recorded grid while a replay call runs (see
-``_recorded_grid``). Publishing config that makes sglang compute it instead
-would need DCP on in the parallel config and the mamba extra buffer in the
-exec config; other code on the pass reads those too (DCP KV-shard scratch,
-mamba budgets) for state a trace does not hold, so replay injects exactly the
-one recorded value and nothing else.
+The recorded server's settings (its published config, the mamba chunk grid,
+import-time constants) are installed around each call: ``schedtrace.replay.server_env``.
 
 Hybrid pools (``schedtrace.replay.hybrid``): an SWA trace runs on a real
 ``SWATokenToKVPoolAllocator`` stand-in (so ``SWAPrefillBudget`` sizes
@@ -53,10 +45,8 @@ functions, so calls are serialised by a module lock.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from functools import partial
-from collections.abc import Iterator
 from typing import Any
 
 from schedtrace.tracer.contract.report import Decision
@@ -69,12 +59,13 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
+from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
+from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
                                        waiting_req)
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.names import error_text  # "Type: message", as the recorder writes Pass.error
-from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
 from schedtrace.tracer.contract.order import OrderError, order_indexes, order_runs
 from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass, Retract
 
@@ -97,62 +88,6 @@ def _variant_context(variant: str):
     from schedtrace.arms.variants import applied
 
     return applied(variant)
-
-
-@contextlib.contextmanager
-def _recorded_grid(module: Any, grid: int) -> Iterator[None]:
-    """``module.mamba_prefill_chunk_grid()`` answers ``grid`` inside the block."""
-    original = module.__dict__["mamba_prefill_chunk_grid"]
-    module.mamba_prefill_chunk_grid = lambda: grid
-    try:
-        yield
-    finally:
-        module.mamba_prefill_chunk_grid = original
-
-
-class _PublishedConfig:
-    """The sglang runtime config this trace's server ran with, swapped in per call.
-
-    ``override_server_args`` builds and publishes a dummy ``ServerArgs``; that
-    costs milliseconds, so it is built once and later calls only swap the
-    context's slots (a few attribute stores) in and out.
-    """
-
-    _SLOTS = ("_server_args", "_config_bags", "_overrides_log", "_publish_role")
-
-    def __init__(self, fields: dict[str, Any]) -> None:
-        from sglang.srt.runtime_context import get_context
-
-        self._context = get_context()
-        with self._context.override_server_args(**fields):
-            self._saved = self._capture()
-
-    def _capture(self) -> tuple:
-        ctx = self._context
-        return tuple(getattr(ctx, s) for s in self._SLOTS) + (ctx.parallel._config,)
-
-    def swap_in(self) -> tuple:
-        """Install the trace's config; returns what to give ``swap_out``."""
-        ctx = self._context
-        previous = self._capture()
-        for slot, value in zip(self._SLOTS, self._saved):
-            setattr(ctx, slot, value)
-        ctx.parallel._config = self._saved[-1]
-        return previous
-
-    def swap_out(self, previous: tuple) -> None:
-        ctx = self._context
-        for slot, value in zip(self._SLOTS, previous):
-            setattr(ctx, slot, value)
-        ctx.parallel._config = previous[-1]
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        previous = self.swap_in()
-        try:
-            yield
-        finally:
-            self.swap_out(previous)
 
 
 class PassDriver:
@@ -188,9 +123,9 @@ class PassDriver:
         }
         if settings.get("prefill_max_requests") is not None:
             config["prefill_max_requests"] = settings["prefill_max_requests"]
-        self._config = _PublishedConfig(config)
+        self._config = PublishedConfig(config)
         # Module constants sglang read from the environment at import, as the server had them.
-        self._constants = _recorded_constants(settings)
+        self._constants = recorded_constants(settings)
         layout = header.pools
         if family == MAMBA:
             self.req_slots = RecordedHybridReqSlots(slots, layout.mamba_size or 0)
@@ -312,7 +247,7 @@ class PassDriver:
         s.enable_lmcache = False
         s.truncation_align_size = None  # deterministic inference / DSA alignment: not recorded
         # The real start-up step turns the grid into the truncation alignment.
-        with _recorded_grid(self._scheduler_module, self.mamba_chunk_grid):
+        with recorded_grid(self._scheduler_module, self.mamba_chunk_grid):
             Scheduler.init_mamba_truncation_align(s)
         s.policy = self.policy
         # Read as call arguments of the swapped ScheduleBatch.init_new, never used.
@@ -360,7 +295,7 @@ class PassDriver:
         if self.scheduler.enable_priority_preemption:
             self._releases = {r.rid: r for r in p.released or ()}
             batch.release_req = partial(self._release, batch)
-            batch.filter_batch = partial(_keep_rows, batch)
+            batch.filter_batch = partial(keep_rows, batch)
         kv = p.kv
         self.req_slots.load(p.req_slots_free, kv)
         self.allocator.load(kv)
@@ -388,7 +323,7 @@ class PassDriver:
             s.chunked_req = chunked
             s.chunked_prefill_size = p.chunked_prefill_size
             s.processed_tokens_counter = p.processed_tokens or 0
-            s.new_token_ratio_tracker = _Ratio(p.new_token_ratio)
+            s.new_token_ratio_tracker = Ratio(p.new_token_ratio)
             self._adder = None
             self._chunk_budget = None
             self._order = None
@@ -400,11 +335,11 @@ class PassDriver:
             policy_module = self._policy_module
             original_grid = policy_module.__dict__["mamba_prefill_chunk_grid"]
             original_exact_fill = policy_module.__dict__["_use_exact_chunk_fill"]
-            # The context managers of installed()/applied()/_recorded_grid, inlined:
+            # The context managers of installed()/applied()/recorded_grid, inlined:
             # this runs twice per pass and more on divergent ones.
             saved_config = self._config.swap_in()
             # The recorded constants first: an arm that binds one of them wins while it is on.
-            saved_constants = _swap_constants(self._constants)
+            saved_constants = swap_constants(self._constants)
             previous_fixes = switch_fixes(fixes)
             policy_module.mamba_prefill_chunk_grid = self._grid_lookup
             policy_module._use_exact_chunk_fill = self._exact_fill_lookup
@@ -427,7 +362,7 @@ class PassDriver:
                 policy_module.mamba_prefill_chunk_grid = original_grid
                 policy_module._use_exact_chunk_fill = original_exact_fill
                 restore_fixes(fixes, previous_fixes)
-                _swap_constants(saved_constants)
+                swap_constants(saved_constants)
                 self._config.swap_out(saved_config)
             decision = self._decision(batch, chunked, admitted_reqs, error)
             self._reqs.release(p, waiting, admitted_reqs if error is None else None)
@@ -485,7 +420,7 @@ class PassDriver:
             mode = ForwardMode[event.forward_mode]
         except KeyError:
             raise ReplayStateError(f"aiter event: unknown forward mode {event.forward_mode!r}") from None
-        batch = _AiterBatch(mode, event.seq_lens_sum, event.max_chunk_capacity)
+        batch = AiterBatch(mode, event.seq_lens_sum, event.max_chunk_capacity)
         with _LOCK, self._config.installed(), _variant_context(variant):
             saved = (pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph)
             pcg._in_tc_piecewise_cuda_graph = event.in_piecewise_graph
@@ -495,57 +430,3 @@ class PassDriver:
             finally:
                 pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph = saved
         return method.name
-
-
-def _recorded_constants(settings: dict[str, Any]) -> list[tuple[Any, str, Any]]:
-    """(module, constant, recorded value) for each import-time setting the server had otherwise."""
-    import importlib
-
-    out = []
-    for env_name, (module_name, attr) in MODULE_SETTINGS.items():
-        if env_name not in settings:
-            continue
-        module = importlib.import_module(module_name)
-        value = settings[env_name]
-        if hasattr(module, attr) and getattr(module, attr) != value:
-            out.append((module, attr, value))
-    return out
-
-
-def _swap_constants(constants: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
-    """Set each constant; returns what restores them (empty when the server's are this process's)."""
-    previous = []
-    for module, attr, value in constants:
-        previous.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, value)
-    return previous
-
-
-def _keep_rows(batch: Any, reqs_to_exclude: Any = None, keep_indices: list[int] | None = None) -> None:
-    """``ScheduleBatch.filter_batch`` for a batch of rows only (the replay builds no tensors)."""
-    if keep_indices is None:
-        excluded = reqs_to_exclude if isinstance(reqs_to_exclude, list) else [reqs_to_exclude]
-        keep_indices = [i for i, r in enumerate(batch.reqs) if r not in excluded]
-    batch.reqs = [batch.reqs[i] for i in keep_indices]
-
-
-class _Ratio:
-    """``Scheduler.new_token_ratio_tracker``: only ``current`` is read."""
-
-    __slots__ = ("current",)
-
-    def __init__(self, current: float) -> None:
-        self.current = current
-
-
-class _AiterBatch:
-    """The three things ``handle_attention_aiter`` reads from a ForwardBatch."""
-
-    def __init__(self, mode, seq_lens_sum: int, max_chunk_capacity: int) -> None:
-        self.forward_mode = mode
-        self.seq_lens_cpu = [seq_lens_sum]
-        self.extend_prefix_lens_cpu = None
-        self._capacity = max_chunk_capacity
-
-    def get_max_chunk_capacity(self) -> int:
-        return self._capacity

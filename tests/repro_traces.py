@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.schema import (
     Admitted,

@@ -19,7 +19,8 @@ os.environ.setdefault(SGLANG_CPU_ENGINE_ENV, "1")
 from schedtrace.replay.driver import PassDriver  # noqa: E402  (makes sglang importable first)
 from schedtrace.tracer.contract.format import TraceReader  # noqa: E402
 from schedtrace.tracer.contract.schema import Alloc, KvSnapshot, Pass  # noqa: E402
-from schedtrace.tracer.recorder import pools, rig  # noqa: E402
+from schedtrace.tracer.recorder import pools
+from schedtrace.testing import rig# noqa: E402
 from schedtrace.tracer.recorder.hooks import make_hooks  # noqa: E402
 from schedtrace.tracer.recorder.lifecycle import Recorder  # noqa: E402
 

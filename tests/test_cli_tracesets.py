@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from schedtrace.cli import PROG, run
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.schema import Footer, Header, KvSnapshot, Pass, PoolLayout, WaitingReq
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 
 from loop_traces import latch_reproduction
 

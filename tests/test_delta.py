@@ -15,7 +15,7 @@ import msgpack
 import msgspec
 import pytest
 
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.codec import offsets_from_bytes, peek_tag
 from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.delta import COPIED, RUNNING_FIELDS, Differ, rebuild

@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from schedtrace.tracer.contract import builders
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing import builders
+from schedtrace.testing.synthetic import generate
 from otel_support import START_WALL_NS, header, records, run_cli, write_small_trace
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.analysis.stalls import recorded_stalls

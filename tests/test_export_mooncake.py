@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from otel_support import run_cli
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.prefix_ids import prefix_ids
 from schedtrace.tracer.analysis.workload import Workload, WorkloadRequest

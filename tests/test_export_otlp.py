@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from otel_support import START_WALL_NS, OtlpReceiver, attrs_of, closed_port, run_cli, write_small_trace
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.export import otel_attrs as A
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.export.otlp import resolve_endpoint
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.schema import Clock, KvSnapshot, PoolLayout
 

@@ -17,7 +17,7 @@ import pytest
 
 from schedtrace.tracer.contract.errors import TraceFormatError, TraceNotFoundError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter, encode, write_trace
-from schedtrace.tracer.contract.builders import header, pass_record
+from schedtrace.testing.builders import header, pass_record
 from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
 from schedtrace.tracer.contract.schema import Arrival, KvSnapshot, Pass, PassDelta, WaitingReq
 

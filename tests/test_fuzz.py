@@ -47,7 +47,7 @@ from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatErro
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter
 from schedtrace.tracer.contract.frames import frames
 from schedtrace.tracer.contract.schema import Pass
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 FCFS = ROOT / "traces" / "kv-pressure-fcfs.trace"  # v1 samples: the fuzz sources

@@ -28,10 +28,11 @@ from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV
 with pytest.MonkeyPatch.context() as cpu_engine:
     cpu_engine.setenv(SGLANG_CPU_ENGINE_ENV, "1")
     from schedtrace.replay.driver import PassDriver  # noqa: E402  (makes sglang importable first)
-from schedtrace.tracer.contract import builders  # noqa: E402
+from schedtrace.testing import builders# noqa: E402
 from schedtrace.tracer.contract.format import TraceReader  # noqa: E402
 from schedtrace.tracer.contract.schema import Alloc, Header, KvSnapshot, Pass, PoolLayout  # noqa: E402
-from schedtrace.tracer.recorder import pools, rig  # noqa: E402
+from schedtrace.tracer.recorder import pools
+from schedtrace.testing import rig# noqa: E402
 from schedtrace.tracer.recorder.header import header_row  # noqa: E402
 from schedtrace.tracer.recorder.hooks import make_hooks  # noqa: E402
 from schedtrace.tracer.recorder.lifecycle import Recorder  # noqa: E402

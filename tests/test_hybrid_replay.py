@@ -25,7 +25,7 @@ from schedtrace.replay.engine import replay_trace
 from schedtrace.arms.fixes import FIX_NAMES
 from schedtrace.replay.loop_pools import LoopPools
 from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, to_pass
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.report import Decision

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from schedtrace.tracer.analysis.summary import summarize
-from schedtrace.tracer.contract.builders import header, pass_record
+from schedtrace.testing.builders import header, pass_record
 from schedtrace.tracer.contract.codec import encode, offsets_from_bytes, offsets_to_bytes
 from schedtrace.tracer.contract.errors import (
     ReportMismatchError,
@@ -32,7 +32,7 @@ from schedtrace.tracer.contract.framing import MARKER_SIZE, SPLIT_BYTES, marker_
 from schedtrace.tracer.contract.report import Report, dump_report, load_report
 from schedtrace.tracer.contract.report_check import check_report
 from schedtrace.tracer.contract.schema import RECORD_TYPES, TAIL_PREFIX, TAIL_SIZE, Arrival, Finish, Footer, KvSnapshot, Pass
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 
 # The shipped samples written before framing (the hybrid ones are v2).
 SAMPLES = [p for p in sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.trace"))

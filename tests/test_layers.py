@@ -36,7 +36,8 @@ ROOMS: dict[str, set[str]] = {
                        "schedtrace.tracer.export", "schedtrace.arms"},
     "schedtrace.cli": {"schedtrace"},  # the top: anything (but schedtrace.testing)
     # Test support, apart from the product (as pytester): it may use the product; nothing imports it.
-    "schedtrace.testing": {"schedtrace.tracer.contract", "schedtrace.tracer.sandbox"},
+    "schedtrace.testing": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis", "schedtrace.tracer.recorder",
+                           "schedtrace.tracer.sandbox", "schedtrace.replay"},
     # The package itself: the public API (docs/api.md), names imported on first use from the bottom rooms.
     "schedtrace": {"schedtrace.tracer.contract", "schedtrace.tracer.analysis"},
 }
@@ -122,3 +123,97 @@ def test_the_checker_catches_an_upward_edge(tmp_path: Path) -> None:
     assert not allowed("schedtrace.arms", "schedtrace.tracer.recorder")
     assert not allowed("schedtrace.cli", "schedtrace.testing.matrix")
     assert allowed("schedtrace.testing", "schedtrace.tracer.sandbox.server")
+
+
+# ------------------------------------------------------------------ the guards
+
+MAX_MODULE_LINES = 450  # a module past this holds more than one job: split it
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small(module: str) -> None:
+    lines = MODULES[module].read_text().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{module} has {lines} lines (at most {MAX_MODULE_LINES}): split it by job"
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def load_time_imports(module: str, path: Path) -> set[str]:
+    """The product modules ``module`` imports when it is itself imported (not in functions,
+    not under ``if TYPE_CHECKING``): the edges an import loop is made of."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, (ast.If, ast.Try)) and not _is_type_checking(node):
+            pending.extend(node.body)
+            pending.extend(getattr(node, "orelse", []))
+            pending.extend(getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                pending.extend(handler.body)
+    return {name for name in found if name in MODULES and name != module}
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    loops: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                members.append(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                loops.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return loops
+
+
+def test_no_import_loops() -> None:
+    graph = {module: load_time_imports(module, path) for module, path in MODULES.items()}
+    # a package's __init__ importing its own submodules is how a package exports them, not a loop
+    for module, edges in graph.items():
+        if MODULES[module].name == "__init__.py":
+            edges -= {m for m in edges if m.startswith(module + ".")}
+    assert import_loops(graph) == []
+
+
+def test_the_loop_finder_finds_a_loop() -> None:
+    assert import_loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_loops({"a": {"b"}, "b": set()}) == []

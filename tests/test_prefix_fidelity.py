@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from schedtrace.replay.driver import PassDriver
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.order import OrderError, in_order, order_indexes, order_runs
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, block_tokens, id_count, keyed_id, prefix_ids, split_ids
 from schedtrace.tracer.contract.schema import Arrival, KvSnapshot, WaitingReq

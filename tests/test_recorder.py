@@ -282,7 +282,7 @@ def test_failing_hook_keeps_original_result(tmp_path: Path) -> None:
 
 def test_capture_keeps_entry_values_and_folds_by_identity(tmp_path: Path) -> None:
     from schedtrace.replay.driver import PassDriver
-    from schedtrace.tracer.recorder.rig import header as rig_header, load, loaded_pass
+    from schedtrace.testing.rig import header as rig_header, load, loaded_pass
 
     driver = PassDriver(rig_header())
     rec = Recorder(tmp_path)
@@ -368,7 +368,7 @@ def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measur
     from schedtrace.replay.driver import PassDriver
     from schedtrace.tracer.recorder.targets import ADD_ONE_REQ_TARGET, PASS_TARGET
     from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
-    from schedtrace.tracer.recorder.rig import HookPoints
+    from schedtrace.testing.rig import HookPoints
 
     with TraceReader(pinned_prefix_trace(tmp_path / "t.trace", recorded)) as reader:
         driver = PassDriver(reader.header)

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from schedtrace.tracer.contract.builders import header, pass_record
+from schedtrace.testing.builders import header, pass_record
 from schedtrace.tracer.contract.format import FileOps, TraceReader, encode
 from schedtrace.tracer.contract.names import (
     CONTROL_FILE_ENV,
@@ -170,7 +170,7 @@ FSIZE_SCRIPT = textwrap.dedent(
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s|%(message)s")
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
-    from schedtrace.tracer.contract.builders import header
+    from schedtrace.testing.builders import header
     from schedtrace.tracer.contract.schema import Arrival
     from schedtrace.tracer.recorder.writer_thread import WriterThread
     w = WriterThread(sys.argv[1], "fsize", lambda part, first: header(), clock_ns=time.monotonic_ns,
@@ -429,7 +429,7 @@ def test_each_trigger_kind_fires(tmp_path: Path, trigger: str) -> None:
 
 def pooled_scheduler() -> SimpleNamespace:
     """The scheduler attributes the header reads, over real (tiny) sglang pools."""
-    from schedtrace.tracer.recorder.rig import RealPools, server_args
+    from schedtrace.testing.rig import RealPools, server_args
 
     pools = RealPools(server_args(), 4)
     return SimpleNamespace(server_args=SimpleNamespace(), token_to_kv_pool_allocator=pools.allocator,

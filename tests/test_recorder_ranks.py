@@ -38,7 +38,7 @@ LAUNCHER = textwrap.dedent(
         from sglang.srt.server_args import ServerArgs
         from schedtrace.tracer import plugin
         from schedtrace.tracer.recorder.ranks import read_ranks
-        from schedtrace.tracer.recorder.rig import RealPools, server_args
+        from schedtrace.testing.rig import RealPools, server_args
         unpublished = read_ranks(SimpleNamespace(tp_rank=world_rank, tp_size=2))  # the scheduler's own
         args = ServerArgs(model_path=model, tp_size=2, device="cpu")
         publish(args, role="scheduler", ranks=SpawnRanks(world_rank=world_rank))

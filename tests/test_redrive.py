@@ -18,7 +18,7 @@ import pytest
 
 from otel_support import run_cli
 from schedtrace.tracer.analysis.workload import Workload, WorkloadBuilder, WorkloadRequest
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.prefix_ids import PREFIX_BLOCK_TOKENS, id_count

@@ -26,7 +26,7 @@ from schedtrace.tracer.contract.names import LOSS_PAUSED, LOSS_QUEUE_FULL
 from schedtrace.tracer.contract.report import MAX_HOLES_LISTED, Report, dump_report, load_report
 from schedtrace.tracer.contract.report_check import check_report
 from schedtrace.tracer.contract.schema import Loss, Pass
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 
 SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "hybrid-swa-gptoss.trace"
 # Loss records written before these passes (so each falls after the pass before).

@@ -28,7 +28,7 @@ from schedtrace.replay.repro.pipeline import Verdict, build
 from schedtrace.replay.repro.probe import Oracle, Probe
 from schedtrace.replay.repro.shrink import shrink_pass
 from schedtrace.replay.repro.verify import FAILED, PASSED, Run, run_variants
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.names import FIXES_ENV, STOCK
 from schedtrace.tracer.contract.schema import Header, KvSnapshot, RunningReq, WaitingReq

@@ -12,7 +12,7 @@ import pytest
 
 from schedtrace.replay.closed_loop import run_closed_loop
 from schedtrace.replay.selfcheck import concordance, quantile, self_check_lines, self_check_summary
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.schema import Admitted, Arrival, Finish, KvSnapshot, Pass, WaitingReq
 

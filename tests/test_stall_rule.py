@@ -22,7 +22,7 @@ from schedtrace.tracer.analysis.admission import head_check
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.analysis.stalls import find_stalls, is_stalled
 from schedtrace.tracer.analysis.why import why, why_trace
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Decision

@@ -28,7 +28,7 @@ from schedtrace.tracer.analysis.admission_hybrid import SWA_BOUND, SWA_LOCK_NOTE
 from schedtrace.tracer.analysis.decision import recorded_decision, replay_inputs
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.analysis.why import why
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import Candidate, Header, KvSnapshot, Pass, PoolLayout, WaitingReq

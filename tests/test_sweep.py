@@ -13,7 +13,7 @@ from schedtrace.replay.closed_loop import load_input, run_closed_loop
 from schedtrace.replay.executor import LocalExecutor
 from schedtrace.replay.sweep import run_sweep, sweep_arm
 from schedtrace.replay.sweep_grid import POLICIES, REFUSED_POLICIES, apply_config, grid_cells, parse_grid
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.report import dump_sweep

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import TraceNotFoundError, TraceSetError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter, write_trace
 from schedtrace.tracer.contract.schema import Arrival, Header, Pass
-from schedtrace.tracer.contract.traceset import open_traceset, rank_label
+from schedtrace.tracer.contract.rank_keys import rank_label
+from schedtrace.tracer.contract.traceset import open_traceset
 
 PASSES_PER_PART = 4
 

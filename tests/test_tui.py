@@ -1,6 +1,6 @@
 """The trace browser driven through Textual's Pilot, plus its pure view model.
 
-Traces come from schedtrace.tracer.contract.synthetic (deterministic, with planted stalls,
+Traces come from schedtrace.testing.synthetic (deterministic, with planted stalls,
 failed allocations and one raising pass) and its matching replay report.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tui.app import KEYS, PANES, TraceApp
@@ -355,7 +355,7 @@ def state_rows(text: str) -> dict[str, str]:
 
 
 async def test_detail_shows_each_hybrid_pool_only_where_it_was_recorded(tmp_path):
-    from schedtrace.tracer.contract.builders import header, pass_record
+    from schedtrace.testing.builders import header, pass_record
     from schedtrace.tracer.contract.format import TraceWriter
     from schedtrace.tracer.contract.schema import KvSnapshot
 

@@ -1,7 +1,7 @@
 """The browser's pure view model (schedtrace.tui.model): no app, no terminal.
 
 Real inputs: the recorded lpm sample (traces/) and synthetic traces with
-planted stalls (schedtrace.tracer.contract.synthetic).
+planted stalls (schedtrace.testing.synthetic).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from schedtrace.tracer.analysis.why import why, why_trace
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Decision, load_report
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tui.model.charts import TimeAxis, chart_data, head_need_line
 from schedtrace.tui.model.diff import decision_diff
 from schedtrace.tui.model.filters import FilterInputs, PassFilter, apply_filter

@@ -16,7 +16,7 @@ import pytest
 from schedtrace.cli import run
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter, write_trace
 from schedtrace.tracer.contract.schema import Loss, Pass
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.contract.traceset import open_traceset
 from schedtrace.tui import workers
 from schedtrace.tui.app import TraceApp

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.contract.report import load_report
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tui.app import TraceApp

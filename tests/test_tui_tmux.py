@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tracer.contract.report import load_report
 
 TMUX = shutil.which("tmux")

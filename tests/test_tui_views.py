@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.report import load_report
-from schedtrace.tracer.contract.synthetic import generate
+from schedtrace.testing.synthetic import generate
 from schedtrace.tui.app import TraceApp
 from schedtrace.tui.widgets.charts import Chart
 from schedtrace.tui.widgets.detail import DetailPane

@@ -15,7 +15,6 @@ naming the files (docs/trace-format.md, "Trace sets and ranks").
 from __future__ import annotations
 
 import os
-import re
 from array import array
 from bisect import bisect_right
 from collections import Counter, OrderedDict
@@ -23,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
 import msgspec
 
@@ -32,44 +31,11 @@ from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.framing import Gap
 from schedtrace.tracer.contract.reader import combined_fingerprint
 from schedtrace.tracer.contract.paths import MAX_FILES, expand_paths
+from schedtrace.tracer.contract.rank_keys import RankKey, rank_key, rank_label, run_key, shown
 from schedtrace.tracer.contract.schema import Header, Pass, Record
+from schedtrace.tracer.contract.set_checks import missing_ranks, ordered_parts
 
 OPEN_PARTS: Final = 4  # part readers a rank keeps open (a long run has hundreds of parts; fds are finite)
-SHOWN_TEXT: Final = 40  # characters of a run id or host kept in a message
-_PART_NAME: Final = re.compile(r"\.part(\d+)\.trace$")
-
-
-class RankKey(NamedTuple):
-    """Where a scheduler sits in the server: its ranks, in sort order."""
-
-    pp: int
-    dp: int
-    tp: int
-
-
-def rank_key(header: Header) -> RankKey:
-    return RankKey(header.pp_rank, header.dp_rank or 0, header.tp_rank)
-
-
-def rank_label(header: Header) -> str:
-    """``tp3``; ``dp1.tp3`` with data parallelism, ``pp1.tp3`` with pipeline stages."""
-    labels = []
-    if header.pp_size > 1 or header.pp_rank:
-        labels.append(f"pp{header.pp_rank}")
-    if header.dp_size > 1 or header.dp_rank:
-        labels.append(f"dp{header.dp_rank or 0}")
-    labels.append(f"tp{header.tp_rank}")
-    return ".".join(labels)
-
-
-def run_key(header: Header) -> str:
-    """The run a trace belongs to: its run id, or its process for traces without one."""
-    return header.run_id or f"{header.host}/pid{header.pid}/{header.start_wall_ns}"
-
-
-def shown(text: str) -> str:
-    """Untrusted header text cut to a length a message can carry."""
-    return text if len(text) <= SHOWN_TEXT else text[: SHOWN_TEXT - 1] + "…"
 
 
 @dataclass
@@ -408,58 +374,11 @@ def _make_run(key: str, ranks: dict[RankKey, list[TracePart]]) -> Run:
     notes: list[str] = []
     traces = []
     for rank in sorted(ranks):
-        parts = _ordered_parts(key, ranks[rank])
+        parts = ordered_parts(key, ranks[rank])
         label = rank_label(parts[0].header)
         if parts[0].header.part > 0:
             notes.append(f"{parts[0].path}: rank {label} of run {shown(key)} starts at part "
                          f"{parts[0].header.part}; the parts before it are not in the set")
         traces.append(RankTrace(label=label, key=rank, parts=parts))
-    notes.extend(_missing_ranks(key, traces))
+    notes.extend(missing_ranks(key, traces))
     return Run(key=key, ranks=tuple(traces), notes=tuple(notes))
-
-
-def _ordered_parts(run: str, parts: list[TracePart]) -> list[TracePart]:
-    """One rank's parts in order, checked: one process, no duplicate, no gap, pass numbers continuing."""
-    parts = sorted(parts, key=lambda p: (p.header.part, str(p.path)))
-    label = rank_label(parts[0].header)
-    for before, part in zip(parts, parts[1:]):
-        h, b = part.header, before.header
-        if (h.host, h.pid, h.start_wall_ns) != (b.host, b.pid, b.start_wall_ns):
-            raise TraceSetError(part.path, f"claims rank {label} of run {shown(run)}, as {before.path} does, "
-                                f"but from another process (pid {h.pid} vs {b.pid})")
-        if h.part == b.part:
-            raise TraceSetError(part.path, f"is part {h.part} of rank {label}, as {before.path} is")
-        if h.part != b.part + 1:
-            raise TraceSetError(_part_name(before.path, b.part + 1),
-                                f"missing: part {b.part + 1} of rank {label} (between {before.path.name} "
-                                f"and {part.path.name})")
-        end = b.first_pass + before.passes()
-        if h.first_pass != end:
-            raise TraceSetError(part.path, f"part {h.part} starts at pass {h.first_pass}, but part {b.part} "
-                                f"({before.path.name}) ends before pass {end}: parts out of order or from "
-                                "another recording")
-    return parts
-
-
-def _part_name(neighbour: Path, part: int) -> str:
-    """The file name the recorder gives part ``part`` of the rank ``neighbour`` belongs to."""
-    match = _PART_NAME.search(neighbour.name)
-    if match is None:
-        return f"part {part} of {neighbour.parent}"
-    return str(neighbour.with_name(neighbour.name[: match.start()] + f".part{part:03d}.trace"))
-
-
-def _missing_ranks(run: str, ranks: list[RankTrace]) -> Iterator[str]:
-    """The tp ranks (of tp_size) a stage should have and has not: per DP group under plain DP, where
-    each group numbers its own; over the stage under DP attention, where tp ranks span the groups."""
-    groups: dict[tuple[int, int], set[int]] = {}
-    for r in ranks:
-        dp = r.key.dp if r.header.attn_dp_size <= 1 else -1
-        groups.setdefault((r.key.pp, dp), set()).add(r.key.tp)
-    size = ranks[0].header.tp_size
-    for (pp, dp), present in sorted(groups.items()):
-        missing = sorted(set(range(size)) - present)
-        if missing and len(ranks) > 1:
-            where = f"pp {pp}" + (f", dp {dp}" if dp >= 0 else "")
-            yield (f"run {shown(run)}: tp rank(s) {', '.join(map(str, missing[:16]))} of tp_size {size} "
-                   f"({where}) are not in the set")

@@ -40,7 +40,7 @@ from schedtrace.tracer.contract.report import Divergence, Report, Stall
 from schedtrace.tracer.analysis.stalls import StallScanner
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.names import split_error
-from schedtrace.tracer.contract.traceset import rank_label
+from schedtrace.tracer.contract.rank_keys import rank_label
 from schedtrace.tracer.export.otel_attrs import pass_result
 from schedtrace.tracer.export.wallclock import WallClock
 from schedtrace.tracer.contract.schema import (Abort, Alloc, Arrival, Clock, Finish, Header, HookError, Loss, Pass,

@@ -8,7 +8,8 @@ from typing import Final
 
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Record
-from schedtrace.tracer.contract.traceset import RankTrace, rank_label
+from schedtrace.tracer.contract.rank_keys import rank_label
+from schedtrace.tracer.contract.traceset import RankTrace
 
 Reader = TraceReader | RankTrace  # what the views read a rank through
 

@@ -33,7 +33,7 @@ from schedtrace.tracer.contract.report import (
     Stall,
     dump_report,
 )
-from schedtrace.tracer.contract import builders
+from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceWriter
 from schedtrace.tracer.contract.schema import (
     Admitted,

@@ -1,0 +1,104 @@
+"""The recorded server's environment, installed around each replayed pass.
+
+The recorded ``Header.mamba_chunk_grid`` is an environment input like the KV
+counts: sglang reads it through the module-level
+``schedule_policy.mamba_prefill_chunk_grid()`` (in ``PrefillAdder.__init__``)
+and, once at scheduler start, through ``Scheduler.init_mamba_truncation_align``.
+Both lookups answer the recorded grid while a replay call runs
+(``recorded_grid``). Publishing config that makes sglang compute it instead
+would need DCP on in the parallel config and the mamba extra buffer in the
+exec config; other code on the pass reads those too (DCP KV-shard scratch,
+mamba budgets) for state a trace does not hold, so replay injects exactly the
+one recorded value and nothing else.
+
+``PublishedConfig`` is the server's runtime config, swapped in per call;
+``recorded_constants`` are the import-time settings (``Header.settings``) the
+server had otherwise than this process, set per call with ``swap_constants``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
+
+
+@contextlib.contextmanager
+def recorded_grid(module: Any, grid: int) -> Iterator[None]:
+    """``module.mamba_prefill_chunk_grid()`` answers ``grid`` inside the block."""
+    original = module.__dict__["mamba_prefill_chunk_grid"]
+    module.mamba_prefill_chunk_grid = lambda: grid
+    try:
+        yield
+    finally:
+        module.mamba_prefill_chunk_grid = original
+
+
+class PublishedConfig:
+    """The sglang runtime config this trace's server ran with, swapped in per call.
+
+    ``override_server_args`` builds and publishes a dummy ``ServerArgs``; that
+    costs milliseconds, so it is built once and later calls only swap the
+    context's slots (a few attribute stores) in and out.
+    """
+
+    _SLOTS = ("_server_args", "_config_bags", "_overrides_log", "_publish_role")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        from sglang.srt.runtime_context import get_context
+
+        self._context = get_context()
+        with self._context.override_server_args(**fields):
+            self._saved = self._capture()
+
+    def _capture(self) -> tuple:
+        ctx = self._context
+        return tuple(getattr(ctx, s) for s in self._SLOTS) + (ctx.parallel._config,)
+
+    def swap_in(self) -> tuple:
+        """Install the trace's config; returns what to give ``swap_out``."""
+        ctx = self._context
+        previous = self._capture()
+        for slot, value in zip(self._SLOTS, self._saved):
+            setattr(ctx, slot, value)
+        ctx.parallel._config = self._saved[-1]
+        return previous
+
+    def swap_out(self, previous: tuple) -> None:
+        ctx = self._context
+        for slot, value in zip(self._SLOTS, previous):
+            setattr(ctx, slot, value)
+        ctx.parallel._config = previous[-1]
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = self.swap_in()
+        try:
+            yield
+        finally:
+            self.swap_out(previous)
+
+
+def recorded_constants(settings: dict[str, Any]) -> list[tuple[Any, str, Any]]:
+    """(module, constant, recorded value) for each import-time setting the server had otherwise."""
+    out = []
+    for env_name, (module_name, attr) in MODULE_SETTINGS.items():
+        if env_name not in settings:
+            continue
+        module = importlib.import_module(module_name)
+        value = settings[env_name]
+        if hasattr(module, attr) and getattr(module, attr) != value:
+            out.append((module, attr, value))
+    return out
+
+
+def swap_constants(constants: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """Set each constant; returns what restores them (empty when the server's are this process's)."""
+    previous = []
+    for module, attr, value in constants:
+        previous.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, value)
+    return previous
