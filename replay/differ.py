@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from schedtrace.tracer.contract.report import DIVERGENCE_KINDS, Decision
+from schedtrace.tracer.contract.report import (DIVERGENCE_KINDS, KIND_ADMITTED, KIND_AITER, KIND_BATCH_IS_FULL,
+                                               KIND_CHUNK, KIND_ERROR, KIND_NEW_CHUNKED, KIND_OVER_ASK, Decision)
 
 # Decision fields a recorded pass holds, in report order.
 FIDELITY_FIELDS = ("admitted", "chunk_budget", "chunk_size", "new_chunked_rid", "batch_is_full", "error")
@@ -15,13 +16,13 @@ def _error_type(error: str | None) -> str | None:
 def divergence_kinds(old: Decision, new: Decision) -> list[str]:
     """How two arms' decisions on one pass differ, in ``DIVERGENCE_KINDS`` order."""
     differs = {
-        "admitted": old.admitted != new.admitted,
-        "chunk": old.chunk_size != new.chunk_size,
-        "batch_is_full": old.batch_is_full != new.batch_is_full,
-        "new_chunked": old.new_chunked_rid != new.new_chunked_rid,
-        "aiter": old.aiter_method != new.aiter_method,
-        "over_ask": (old.over_ask > 0) != (new.over_ask > 0),
-        "error": _error_type(old.error) != _error_type(new.error),
+        KIND_ADMITTED: old.admitted != new.admitted,
+        KIND_CHUNK: old.chunk_size != new.chunk_size,
+        KIND_BATCH_IS_FULL: old.batch_is_full != new.batch_is_full,
+        KIND_NEW_CHUNKED: old.new_chunked_rid != new.new_chunked_rid,
+        KIND_AITER: old.aiter_method != new.aiter_method,
+        KIND_OVER_ASK: (old.over_ask > 0) != (new.over_ask > 0),
+        KIND_ERROR: _error_type(old.error) != _error_type(new.error),
     }
     return [kind for kind in DIVERGENCE_KINDS if differs[kind]]
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 from typing import Final
 
 from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.analysis.admission_hybrid import FULL_ALLOCATORS
 from schedtrace.tracer.contract.schema import Header, PoolLayout
 
 FULL, SWA, MAMBA = "full", "swa", "mamba"
 
 # Allocator classes a hybrid trace may name, by the family replay rebuilds.
 SWA_ALLOCATORS: Final = frozenset({"SWATokenToKVPoolAllocator"})
-FULL_ALLOCATORS: Final = frozenset({"TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"})
 
 
 def pool_family(header: Header) -> str:

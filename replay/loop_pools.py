@@ -26,14 +26,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from schedtrace.tracer.contract.names import env_int
+from schedtrace.tracer.contract.names import SGLANG_SWA_EVICTION_INTERVAL_DEFAULT, SGLANG_SWA_EVICTION_INTERVAL_ENV
 from schedtrace.tracer.contract.schema import Header
 
 if TYPE_CHECKING:
     from schedtrace.replay.loop_state import LoopReq, LoopState
 
-# sglang's SGLANG_SWA_EVICTION_INTERVAL (envs.SGLANG_SWA_EVICTION_INTERVAL), same default.
-SWA_EVICTION_INTERVAL: Final = env_int("SGLANG_SWA_EVICTION_INTERVAL", 128)
+
+
+def swa_eviction_interval(header: Header) -> int:
+    """The recorded server's SGLANG_SWA_EVICTION_INTERVAL (Header.settings), else sglang's default."""
+    value = header.settings.get(SGLANG_SWA_EVICTION_INTERVAL_ENV)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else \
+        SGLANG_SWA_EVICTION_INTERVAL_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class LoopPools:
 
     swa_window: int | None = None  # a paged SWA pool keeping this window per request
     swa_ring_cost: int = 0  # a per-request SWA ring of this many tokens
-    swa_eviction_interval: int = SWA_EVICTION_INTERVAL
+    swa_eviction_interval: int = SGLANG_SWA_EVICTION_INTERVAL_DEFAULT
     mamba_slots_per_req: int = 0  # 0: no mamba pool
 
     @classmethod
@@ -55,6 +60,7 @@ class LoopPools:
             swa_window=(layout.sliding_window or 0) if swa and not layout.swa_ring_cost else None,
             swa_ring_cost=layout.swa_ring_cost if swa else 0,
             mamba_slots_per_req=max(layout.mamba_slots_per_req, 1) if header.is_hybrid_mamba else 0,
+            swa_eviction_interval=swa_eviction_interval(header),
         )
 
     @property

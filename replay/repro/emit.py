@@ -30,18 +30,20 @@ from schedtrace.arms.user import file_spelling
 from schedtrace.arms.variants import parse_variant, targets_of, user_members
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.names import split_error
-from schedtrace.tracer.contract.report import Decision
+from schedtrace.arms.fixes import AITER, CHUNK_CAP, LATCH, ONE_CHUNK
+from schedtrace.tracer.contract.report import (KIND_ADMITTED, KIND_AITER, KIND_CHUNK, KIND_ERROR, KIND_NEW_CHUNKED,
+                                               KIND_OVER_ASK, Decision)
 from schedtrace.tracer.contract.schema import Aiter, Header, Pass
 
 # fix -> (test name, the behaviour the fix restores, as the assertion message ends)
 FIX_STORIES: dict[str, tuple[str, str]] = {
-    "chunk-cap": ("test_continuing_chunk_fits_free_kv",
+    CHUNK_CAP.name: ("test_continuing_chunk_fits_free_kv",
                   "a continuing chunk must fit the free + evictable KV, or wait"),
-    "one-chunk": ("test_one_unfinished_chunked_request",
+    ONE_CHUNK.name: ("test_one_unfinished_chunked_request",
                   "only one unfinished chunked request can be tracked"),
-    "latch": ("test_latched_batch_is_full_still_admits",
+    LATCH.name: ("test_latched_batch_is_full_still_admits",
               "a latched batch_is_full must not keep the queue shut while KV and a request slot are free"),
-    "aiter": ("test_over_capacity_extend_stays_chunked",
+    AITER.name: ("test_over_capacity_extend_stays_chunked",
               "an over-capacity extend must stay on the chunked-KV path, in graph context too"),
 }
 
@@ -63,13 +65,13 @@ class Case:
 def asserted_field(d: Divergent) -> str:
     """The one decision field the test asserts (see the module docstring)."""
     kinds = set(d.kinds)
-    if "aiter" in kinds:
+    if KIND_AITER in kinds:
         return "aiter_method"
-    if "error" in kinds:
+    if KIND_ERROR in kinds:
         return "error"
-    if kinds & {"admitted", "chunk", "over_ask"}:
+    if kinds & {KIND_ADMITTED, KIND_CHUNK, KIND_OVER_ASK}:
         return "admitted"
-    return "new_chunked_rid" if "new_chunked" in kinds else "batch_is_full"
+    return "new_chunked_rid" if KIND_NEW_CHUNKED in kinds else "batch_is_full"
 
 
 def asserted_value(decision: Decision, field: str) -> Any:

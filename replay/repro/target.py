@@ -22,10 +22,8 @@ from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import FIXED, STOCK
-from schedtrace.tracer.contract.report import DIVERGENCE_KINDS, Decision
+from schedtrace.tracer.contract.report import DIVERGENCE_KINDS, KIND_AITER as AITER, Decision
 from schedtrace.tracer.contract.schema import Aiter, Header, Pass
-
-AITER = "aiter"
 
 
 @dataclass(frozen=True)

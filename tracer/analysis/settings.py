@@ -90,7 +90,7 @@ OPEN_LOOP_NEUTRAL: Final = {
     "SGLANG_TEST_RETRACT_INTERVAL": "retraction runs in decode; the trace records each retract",
     "SGLANG_REQ_WAITING_TIMEOUT": "a timeout aborts outside the pass; the trace records the abort",
     "SGLANG_REQ_RUNNING_TIMEOUT": "a timeout aborts outside the pass; the trace records the abort",
-    "SGLANG_SWA_EVICTION_INTERVAL": "eviction between passes: the recorded counts already hold it",
+    "SGLANG_SWA_EVICTION_INTERVAL": "eviction between passes: the recorded counts already hold it (the closed loop reads it)",
     "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "touches LRU recency only; the recorded matches hold the tree",
     "radix_eviction_policy": "eviction order between passes: the recorded counts and matches hold it",
     "retraction_policy": "retraction runs in decode; the trace records each retract",

@@ -80,6 +80,9 @@ ERROR_TEXT_LIMIT: Final = 500
 # sglang's own variables that its admission arithmetic reads (the stall rule mirrors it), with its defaults.
 SGLANG_CLIP_MAX_NEW_TOKENS_ENV: Final = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
 SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT: Final = 4096
+# The SWA side's eviction stride (envs.SGLANG_SWA_EVICTION_INTERVAL), which the closed loop evolves by.
+SGLANG_SWA_EVICTION_INTERVAL_ENV: Final = "SGLANG_SWA_EVICTION_INTERVAL"
+SGLANG_SWA_EVICTION_INTERVAL_DEFAULT: Final = 128
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})

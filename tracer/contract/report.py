@@ -20,15 +20,16 @@ REPORT_VERSION: Final = 2  # 2: ``holes`` (version 1 reports still load: it defa
 MAX_REPORT_BYTES: Final = 64 << 20  # a report is read whole; past this it is refused, not parsed
 
 # Divergence kinds, in the order they are listed.
-DIVERGENCE_KINDS: Final = (
-    "admitted",  # admitted rids or their extend lengths differ
-    "chunk",  # continuing chunk size, or run vs deferred
-    "batch_is_full",
-    "new_chunked",  # the new chunked request differs
-    "aiter",  # aiter attention method differs
-    "over_ask",  # one arm asks alloc_extend for more than free + evictable
-    "error",  # one arm raised (e.g. the one-chunk assert)
-)
+# How two arms' decisions on one pass can differ (Divergence.kinds), each named once:
+KIND_ADMITTED: Final = "admitted"  # admitted rids or their extend lengths differ
+KIND_CHUNK: Final = "chunk"  # continuing chunk size, or run vs deferred
+KIND_BATCH_IS_FULL: Final = "batch_is_full"
+KIND_NEW_CHUNKED: Final = "new_chunked"  # the new chunked request differs
+KIND_AITER: Final = "aiter"  # aiter attention method differs
+KIND_OVER_ASK: Final = "over_ask"  # one arm asks alloc_extend for more than free + evictable
+KIND_ERROR: Final = "error"  # one arm raised (e.g. the one-chunk assert)
+DIVERGENCE_KINDS: Final = (KIND_ADMITTED, KIND_CHUNK, KIND_BATCH_IS_FULL, KIND_NEW_CHUNKED, KIND_AITER,
+                           KIND_OVER_ASK, KIND_ERROR)
 
 
 class Decision(msgspec.Struct, kw_only=True, omit_defaults=False):
