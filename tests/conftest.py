@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from schedtrace.testing.matrix import MatrixRecording, Recorded
 from schedtrace.testing.requests import VOCAB_SIZE, generate, random_input_ids  # noqa: F401 (tests import them from here)
 from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
@@ -39,6 +40,10 @@ collect_ignore_glob = ["repro_emitted/test_*.py"]
 SERVER_FIXTURES = ("hybrid_sandboxes", "sandbox")
 HYBRID_MODELS = ("hybrid-mamba", "hybrid-swa")
 _running: dict[str, Callable[[], None]] = {}  # shared-server fixture -> its stop()
+# The policy matrix's servers record in the background, one at a time, from the first test that needs
+# no server on (after the shared servers stopped); its own tests run last and wait for them.
+MATRIX_FIXTURE = "matrix"
+_matrix: list[MatrixRecording] = []
 
 
 
@@ -51,6 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _run_group(item: pytest.Item) -> int:
     if item.get_closest_marker("own_server") is not None:
         return 0
+    if MATRIX_FIXTURE in item.fixturenames:
+        return len(SERVER_FIXTURES) + 2
     for rank, name in enumerate(SERVER_FIXTURES, start=1):
         if name in item.fixturenames:
             return rank
@@ -59,6 +66,28 @@ def _run_group(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_run_group)  # stable: file order within each group
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """From the first test that needs no server on, the matrix records beside the tests."""
+    if _matrix or _run_group(item) <= len(SERVER_FIXTURES):
+        return
+    if any(MATRIX_FIXTURE in later.fixturenames for later in item.session.items):
+        _matrix.append(MatrixRecording(item.config._tmp_path_factory.mktemp("matrix")))
+        _matrix[0].start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for recording in _matrix:
+        recording.cancel()
+
+
+@pytest.fixture(scope="session")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Recorded]:
+    """Each policy-matrix configuration's recording (schedtrace.testing.matrix.CONFIGS), by name."""
+    if not _matrix:
+        _matrix.append(MatrixRecording(tmp_path_factory.mktemp("matrix")))
+    return _matrix[0].result()
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -12,11 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "traces"
 LPM = TRACES / "kv-pressure-lpm-24k.trace"
 KIMI = TRACES / "hybrid-mamba-kimi.trace"
+LATCH_WORKLOAD = TRACES / "latch-abort-live.trace"  # the demo's live workload: stock stalls on the latch
 
 
 def test_check_over_the_sample_traces_rows_total_and_the_gate(tmp_path, capsys):
     out = tmp_path / "check.json"
-    # The four fixes as a diff change the lpm sample's pass 867 (traces/README.md) and nothing on the others.
+    # The four fixes as a diff change the lpm sample's pass 867 and the latch workload's stall
+    # (traces/README.md), and nothing on the others.
     assert run(["check", str(TRACES), "--new", str(BUILTIN_DIFF_PATH), "--fail-on", "change", "--json", str(out)]) == 1
     shown = capsys.readouterr()
     report = json.loads(out.read_text())
@@ -26,10 +28,13 @@ def test_check_over_the_sample_traces_rows_total_and_the_gate(tmp_path, capsys):
     assert report["arms"][report["new"]].startswith(report["new"] + ": diff of python/sglang/srt/managers/")
     lpm = rows[LPM.name]
     assert lpm["changed"] >= 1 and lpm["first_changed"] == 867
-    assert all(r["changed"] == 0 for name, r in rows.items() if name != LPM.name)
-    assert report["total"]["changed"] == lpm["changed"] and report["total"]["passes"] == sum(r["passes"] for r in rows.values())
-    assert report["tripped"] == [lpm["trace"]]
-    assert "total (4 traces)" in shown.out and "--fail-on change: tripped on 1 trace" in shown.out
+    latch = rows[LATCH_WORKLOAD.name]
+    assert latch["changed"] > 100 and latch["stalls_removed"] == 1
+    assert all(r["changed"] == 0 for name, r in rows.items() if name not in (LPM.name, LATCH_WORKLOAD.name))
+    assert report["total"]["changed"] == lpm["changed"] + latch["changed"]
+    assert report["total"]["passes"] == sum(r["passes"] for r in rows.values())
+    assert sorted(report["tripped"]) == sorted([lpm["trace"], latch["trace"]])
+    assert f"total ({len(rows)} traces)" in shown.out and "--fail-on change: tripped on 2 traces" in shown.out
     # The default gate is an added stall: the fixes add none.
     assert run(["check", str(LPM), "--new", str(BUILTIN_DIFF_PATH)]) == 0
 

@@ -82,8 +82,9 @@ def test_rule_agrees_with_the_real_fixed_pass_on_every_sample_pass(path: Path) -
             verdict = head_check(p, header, real.admitted).verdict
             stops[verdict] = stops.get(verdict, 0) + 1
     # Admissions and refusals both occur, so agreement is not vacuous (fcfs
-    # stops on slots, lpm on the KV budget).
-    assert admitted > 50 and stops.get(admission.NO_SLOT, 0) + stops.get(admission.NO_TOKEN, 0) > 1000, stops
+    # stops on slots, lpm on the KV budget, the latch workload on its KV-blocked head).
+    refused = stops.get(admission.NO_SLOT, 0) + stops.get(admission.NO_TOKEN, 0)
+    assert admitted > 50 and refused > (10 if path.name == "latch-abort-live.trace" else 1000), stops
 
 
 # ----------------------------------------------------------- generated states

@@ -7,8 +7,10 @@ alone with ``python -m schedtrace.testing.matrix NAME OUT_DIR``.
 
 from __future__ import annotations
 
+import queue
 import shutil
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +69,59 @@ def record(config: Config, base: Path) -> Recorded:
         outcomes = run(server.url, policy_requests(config.name, priorities=config.priorities, routing=config.routing))
     (trace,) = sorted((folder / "traces").glob("*.trace"))
     return Recorded(config, trace, outcomes)
+
+
+class MatrixRecording:
+    """Every configuration recorded, one server at a time, from ``start`` on in a background thread;
+    ``result`` records the rest beside it (two at a time) and returns them all by name.
+
+    A test session starts it while the tests that need no server run, on the core their one
+    thread leaves idle (tests/conftest.py), so the matrix costs little wall time of its own."""
+
+    def __init__(self, base: Path, configs: tuple[Config, ...] = CONFIGS) -> None:
+        self.base = base
+        self._todo: queue.SimpleQueue[Config] = queue.SimpleQueue()
+        for config in configs:
+            self._todo.put(config)
+        self._done: dict[str, Recorded | BaseException] = {}
+        self._thread = threading.Thread(target=self._drain, name="matrix-recording", daemon=True)
+        self._names = [c.name for c in configs]
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                config = self._todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._done[config.name] = record(config, self.base)
+            except BaseException as exc:  # handed to result(), in the test that needs it
+                self._done[config.name] = exc
+
+    def cancel(self) -> None:
+        """Record no more; wait for the server now recording to stop (no server outlives the session)."""
+        while True:
+            try:
+                self._todo.get_nowait()
+            except queue.Empty:
+                break
+        if self._started:
+            self._thread.join()
+
+    def result(self) -> dict[str, Recorded]:
+        self.start()
+        self._drain()
+        self._thread.join()
+        for name in self._names:
+            if isinstance(self._done[name], BaseException):
+                raise RuntimeError(f"the {name} sandbox failed to record") from self._done[name]
+        return {name: self._done[name] for name in self._names}  # type: ignore[misc]
 
 
 if __name__ == "__main__":

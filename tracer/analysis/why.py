@@ -32,9 +32,9 @@ LATCH = "latch"  # the latch held the queue although the check admits
 STALL = "stall"  # the check admits, the arm did not, and no latch explains it
 BACK_PRESSURE = "back-pressure"  # the KV budget refused
 FULL = "full"  # no request slot
-PASS_BUDGET = "pass-budget"  # this pass's chunk or input budget is spent
-ONE_CHUNK = "one-chunk"
-EMPTY_CUT = "empty-cut"
+# The check's own verdicts, as its reasons: this pass's chunk or input budget is spent; a chunk
+# while one is unfinished; a chunk that rounds down to nothing.
+PASS_BUDGET, ONE_CHUNK, EMPTY_CUT = adm.PASS_BUDGET, adm.ONE_CHUNK, adm.EMPTY_CUT
 
 
 @dataclass(frozen=True)
