@@ -75,13 +75,6 @@ class TraceScan:
         """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
         return bisect_left(self.numbers, pass_no)
 
-    def iteration_after(self, t_ns: int) -> int:
-        """The scheduler pass that first sees what happened at ``t_ns`` (an arrival, an abort):
-        the first pass record at or after it. A pass with a request waiting is never idle, so
-        no unrecorded pass comes between; past the last record, the clock's estimate."""
-        at = bisect_left(self.points, t_ns, key=lambda point: point[1])
-        return self.points[at][0] if at < len(self.points) else self.clock.iteration_at(t_ns)
-
     def iteration_of(self, pass_no: int) -> int:
         """The scheduler pass number of trace pass ``pass_no`` (past the last point: the last)."""
         return self.points[min(self.position(pass_no), len(self.points) - 1)][0] if self.points else 0
@@ -245,7 +238,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         if event.rid in known or event.t_ns <= start.t_ns:
             continue  # already in the start state, or done with before it
         known.add(event.rid)
-        step = max(1, scan.iteration_after(event.t_ns) - start_iteration)
+        step = max(1, scan.clock.record_after(event.t_ns) - start_iteration)
         future.append((step, _loop_req(event, scan.targets, priority=event.priority)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
     matches = sorted(
@@ -267,7 +260,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         arrival_records=scan.arrivals,
         draws={it: draw for (it, _), draw in zip(scan.points, scan.draws)},
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
-        leaves=sorted((max(scan.iteration_after(t_ns) - start_iteration, 0), rid)
+        leaves=sorted((max(scan.clock.record_after(t_ns) - start_iteration, 0), rid)
                       for rid, t_ns in scan.ended_unrun.items() if rid in known),
     )
 

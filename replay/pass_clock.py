@@ -43,6 +43,13 @@ class PassClock:
         d_t = self.times[i + 1] - self.times[i]
         return self.iterations[i] + -(-(t_ns - self.times[i]) * d_it // d_t)
 
+    def record_after(self, t_ns: int) -> int:
+        """The pass of the first point at or after ``t_ns``: the pass record that first sees what
+        happened then (an arrival, an abort), since a pass with a request waiting is never idle
+        and so always recorded; past the last point, ``iteration_at``'s estimate."""
+        i = _bisect.bisect_left(self.times, t_ns)
+        return self.iterations[i] if i < len(self.times) else self.iteration_at(t_ns)
+
     def time_at(self, iteration: int) -> int:
         if not self.times:
             return iteration * self.period_ns

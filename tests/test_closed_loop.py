@@ -53,6 +53,16 @@ def test_latch_stalls_under_stock_and_not_under_fixed_or_latch_alone(tmp_path):
     assert stock.first_admission_passes["late-1"] > fixed.first_admission_passes["late-1"]
 
 
+
+def test_what_happens_between_records_lands_on_the_next_record():
+    """An arrival inside an idle stretch is first seen by the next pass record, not by the pass the
+    clock interpolates there; a clock that runs backwards (an untrusted trace) is clamped first."""
+    clock = PassClock([(0, 0), (1000, 10 * MS), (1001, 11 * MS), (1002, 5 * MS)])
+    assert clock.iteration_at(5 * MS) == 500 and clock.record_after(5 * MS) == 1000
+    assert clock.record_after(10 * MS) == 1000 and clock.record_after(10 * MS + 1) == 1001
+    assert clock.times[-1] == 11 * MS  # the last record's 5 ms, clamped to the one before
+    assert clock.record_after(20 * MS) == clock.iteration_at(20 * MS) > 1002  # past the last: the estimate
+
 def test_arrivals_land_on_the_recorded_pass_clock(tmp_path):
     trace = latch_reproduction(tmp_path / "latch.trace")
     with TraceReader(trace) as reader:
