@@ -167,15 +167,27 @@ class PassDriver:
         self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
         self._sort_randomly = staticmethod(self._recorded_shuffle)
 
-    def note(self, record: Arrival | Finish | Retract) -> None:
-        """An arrival's prefix ids, kept until its finish: the requests' shared prefixes."""
+    def note(self, record: Arrival | Finish | Retract | Pass) -> None:
+        """What a queued request carries between passes, from its arrival until its finish: its
+        prefix ids, priority and queue entry time. A retraction re-queues it, and so does a
+        priority preemption release, at the end of its pass (``_add_request_to_queue`` stamps
+        the entry time the next preemption ranks victims by)."""
         kind = type(record)
         if kind is Arrival:
             self.book.note(record)
         elif kind is Retract:
             self.book.requeued(record.rid, record.t_ns)
+        elif kind is Pass:
+            requeued_at = record.t_ns + record.dur_ns
+            for released in record.released or ():
+                self.book.requeued(released.rid, requeued_at)
         else:
             self.book.forget(record.rid)
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether a range replayed from the middle needs the events before it (``note``)."""
+        return self.book.block > 0 or bool(self.scheduler.enable_priority_preemption)
 
     def _release(self, batch: Any, idx: int, remaining: int, offload_kv: bool = True) -> bool:
         """``ScheduleBatch.release_req`` under priority preemption: the recorded counts it left

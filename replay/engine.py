@@ -235,11 +235,12 @@ def reopened(paths: tuple[str, ...]) -> Iterator[Reader]:
 def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | None, on_pass: Callable[[], None] | None = None) -> None:
     """Replay the records from byte offset ``start`` up to (not including) ``stop``.
 
-    Arrivals and finishes feed the driver's prefix ids; a range that starts
-    later reads them from the start of the trace (its passes' requests may have
+    Arrivals, finishes, retractions and preemption releases feed the driver's
+    book (prefix ids, priorities, queue entry times); a range that starts later
+    reads them from the start of the trace (its passes' requests may have
     arrived long before)."""
     note = replayer.driver.note
-    prescan = start > 0 and replayer.driver.book.block > 0
+    prescan = start > 0 and replayer.driver.reads_history
     for offset, record in reader.records(0 if prescan else start):
         if stop is not None and offset >= stop:
             break
@@ -248,9 +249,13 @@ def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | N
             note(record)
             continue
         if offset < start:
+            if kind is Pass and record.released:
+                note(record)
             continue
         if kind is Pass:
             replayer.on_pass(record)
+            if record.released:
+                note(record)
             if on_pass is not None:
                 on_pass()
         elif kind is Aiter:
@@ -330,7 +335,7 @@ def replay_trace(
             logger.warning("%s: %s", name, message)
         if not header.prefix_block:
             warnings.append(NO_PREFIX_IDS)
-        warnings += unreplayed(header.settings, header.server_args.enable_priority_scheduling)
+        warnings += unreplayed(header.settings)
         total = reader.pass_count  # one scan of an unclosed file; finds a torn tail
         fingerprint = reader.fingerprint()
         done = 0

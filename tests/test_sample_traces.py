@@ -9,6 +9,7 @@ import pytest
 
 from schedtrace.replay.engine import replay_trace
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Arrival, Pass
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 SAMPLES = sorted(TRACES.glob("*.trace"))
@@ -16,7 +17,9 @@ SAMPLES = sorted(TRACES.glob("*.trace"))
 HYBRID = {"hybrid-mamba-kimi.trace", "hybrid-swa-gptoss.trace"}
 # The demo's designed workload (bench/latch_workload.py): one minute of serving.
 LATCH_LIVE = "latch-abort-live.trace"
-SHORT = HYBRID | {LATCH_LIVE}
+# The matrix's low-first priority server (schedtrace.testing.matrix, fcfs-low-first): 12 preemptions.
+PREEMPT = "priority-preempt-fcfs.trace"
+SHORT = HYBRID | {LATCH_LIVE, PREEMPT}
 
 
 def test_there_are_at_least_two_samples_under_five_megabytes() -> None:
@@ -65,3 +68,32 @@ def test_the_demo_workload_stalls_under_stock_until_a_long_request_leaves() -> N
     assert {fix for d in report.divergences for fix in d.fixes} == {"latch"}
     [stall] = report.stalls["stock"]
     assert stall.passes > 100 and not report.stalls["fixed"]
+
+
+def _requeued_victims(path: Path) -> list[int]:
+    """Passes whose preemption victim had been preempted before, while a running request of
+    its priority arrived between its arrival and that re-queue: only the re-queue time ranks it."""
+    arrived: dict[str, int] = {}
+    requeued: dict[str, int] = {}
+    priority: dict[str, int | None] = {}
+    passes = []
+    with TraceReader(path) as reader:
+        for _, record in reader.records():
+            if isinstance(record, Arrival):
+                arrived[record.rid], priority[record.rid] = record.t_ns, record.priority
+            elif isinstance(record, Pass) and record.released:
+                for victim in (r.rid for r in record.released if r.rid in requeued):
+                    if any(priority[r.rid] == priority[victim] and arrived[victim] < arrived[r.rid] < requeued[victim]
+                           for r in record.running if r.rid != victim):
+                        passes.append(record.seq)
+                for released in record.released:
+                    requeued[released.rid] = record.t_ns
+    return passes
+
+
+def test_a_preempted_request_is_ranked_by_its_requeue_not_its_arrival() -> None:
+    """sglang picks the newest of the lowest priority by its queue entry, which a preemption
+    resets (``_add_request_to_queue``): ranked by arrival, replay released another request."""
+    assert _requeued_victims(TRACES / PREEMPT)
+    report = replay_trace(TRACES / PREEMPT, "stock", "fixed", jobs=1)
+    assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)

@@ -62,6 +62,6 @@ def test_a_setting_is_recorded_or_neutral_never_both() -> None:
 
 
 def test_a_recorded_value_replay_cannot_reproduce_is_named() -> None:
-    assert settings.unreplayed({"enable_lora": True}, False) == ["enable_lora=True: replay runs as if False"]
-    assert settings.unreplayed({"disable_priority_preemption": False}, True)  # preemption was on
-    assert settings.unreplayed({"enable_lora": False, "disable_priority_preemption": True}, True) == []
+    assert settings.unreplayed({"enable_lora": True}) == ["enable_lora=True: replay runs as if False"]
+    # Priority preemption replays: each release is recorded (Pass.released).
+    assert settings.unreplayed({"enable_lora": False, "disable_priority_preemption": False}) == []

@@ -71,6 +71,8 @@ MODULE_SETTINGS: Final = {
 # What replay sets from the recorded value before it runs a pass (replay/settings.py).
 REPLAYED: Final = frozenset({
     "schedule_low_priority_values_first",
+    "disable_priority_preemption",  # each release is recorded (Pass.released)
+    "priority_scheduling_preemption_threshold",
     "prefill_max_requests",
     *MODULE_SETTINGS,
 })
@@ -101,7 +103,6 @@ OPEN_LOOP_NEUTRAL: Final = {
 
 # Recorded values replay cannot reproduce: (setting, value replay assumes). Another value warns.
 ASSUMED: Final = {
-    "disable_priority_preemption": True,  # replay cannot release a preempted request's KV
     "enable_prefill_delayer": False,
     "min_free_slots_delay": None,
     "prefill_decode_interval": None,
@@ -115,18 +116,13 @@ ASSUMED: Final = {
 }
 
 
-def unreplayed(settings: dict[str, object], enable_priority_scheduling: bool) -> list[str]:
+def unreplayed(settings: dict[str, object]) -> list[str]:
     """One line per recorded setting whose value replay does not reproduce."""
     out = []
     for name, assumed in ASSUMED.items():
         if name not in settings:
             continue
         value = settings[name]
-        if name == "disable_priority_preemption":
-            if enable_priority_scheduling and not value:
-                out.append("priority preemption was on: a pass that preempts a running request replays as an "
-                           "error (replay cannot release a running request's KV)")
-            continue
         if name == "SGLANG_EXACT_CHUNK_FILL" or value in (assumed, None, "", 0) or value == assumed:
             continue
         out.append(f"{name}={value!r}: replay runs as if {assumed!r}")

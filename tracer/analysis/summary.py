@@ -73,7 +73,7 @@ def header_facts(reader: Reader) -> dict[str, Any]:
         "pools": None if header.pools is None else _fields(header.pools),
         "prefix_block": header.prefix_block,  # 0: no prefix ids (an older recorder)
         "settings": dict(header.settings),
-        "unreplayed": unreplayed(header.settings, args.enable_priority_scheduling),
+        "unreplayed": unreplayed(header.settings),
     }
 
 

@@ -8,6 +8,7 @@ by its group.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,11 +21,36 @@ DEFAULT_STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 40
 
 
+# sglang derives a DP-attention server's ZMQ ports from its HTTP port
+# (``server_args.ZMQ_TCP_PORT_DELTA`` = 233, then up to 7 more), and keeps its
+# own NCCL port in 22000-29999; both must be free, and none may be a port the
+# kernel hands out to outgoing connections (from ``ip_local_port_range``).
+SERVER_PORT_RANGE = (10_000, 21_700)
+DERIVED_PORT_OFFSETS = tuple(range(233, 241))
+_PORT_ATTEMPTS = 200
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
+    """A server port free now, with sglang's derived ports, below the ephemeral range.
+
+    An OS-picked port (``bind(0)``) is ephemeral: a socket any process opens
+    later can take the port 233 above it, as CI saw when a DP-attention server
+    found its ``dist_init_port`` held by its own launcher.
+    """
+    low, high = SERVER_PORT_RANGE
+    for port in random.sample(range(low, high), _PORT_ATTEMPTS):
+        if all(_bindable(host, port + offset) for offset in (0, *DERIVED_PORT_OFFSETS)):
+            return port
+    raise OSError(f"no free server port in {low}-{high} after {_PORT_ATTEMPTS} tries")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
