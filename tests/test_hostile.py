@@ -194,3 +194,38 @@ def test_a_marker_claiming_more_than_any_honest_batch_is_no_marker() -> None:
     assert read_marker(claiming(1), 0, MARKER_SIZE).n_bytes == 1
     assert read_marker(claiming(MAX_BATCH_BYTES), 0, MARKER_SIZE).n_bytes == MAX_BATCH_BYTES
     assert read_marker(claiming(MAX_BATCH_BYTES + 1), 0, MARKER_SIZE) is None
+
+
+def test_runs_of_one_byte_objects_are_gaps_counted_to_the_byte_and_split_by_good_records(tmp_path: Path) -> None:
+    """A run of 1-byte objects is stepped over as one (frames.spans); its gap still counts every one of them."""
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0)])
+    c.batch([b"\x00"] * 700 + [b"\xc0", b"\x90"] + [b"\x7f"] * 298)  # a thousand 1-byte objects, then more
+    c.batch([b"\x01"] * 50 + [Arrival(1, "a", 1, 1)] + [b"\xe0", b"\xcc\x05"] + [b"\xc3"] * 9)
+    c.batch([a_pass(1)])
+    path = c.done().path
+    with TraceReader(path, skip_damaged=True) as reader:
+        read = [r for _, r in reader.records()]
+        assert [p.seq for p in read if isinstance(p, Pass)] == [0, 1] and Arrival(1, "a", 1, 1) in read
+        assert [(g.lost, g.end - g.start) for g in reader.gaps] == [(1000, 1000), (50, 50), (11, 12)]  # a marker between
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="expected a tagged record array"):
+        list(reader.records())
+
+
+def test_a_run_of_one_byte_objects_before_bytes_that_are_not_msgpack_is_counted_too(tmp_path: Path) -> None:
+    c = Crafter(tmp_path / "t.trace")
+    c.batch([a_pass(0)])
+    c.batch([b"\x00"] * 40 + [b"\xc1\xc1"])
+    c.batch([a_pass(1)])
+    with TraceReader(c.done().path, skip_damaged=True) as reader:
+        assert [p.seq for _, p in reader.records() if isinstance(p, Pass)] == [0, 1]
+        assert [(g.start < g.end, g.lost) for g in reader.gaps][0] == (True, 40)
+
+
+def test_the_reading_limits_are_named_once_in_names_py() -> None:
+    from schedtrace.tracer.contract import codec, framing, keyframes, names, pass_chain, pass_index, reader, verify
+
+    for module, limit in [(codec, "MAX_RECORD_BYTES"), (framing, "MAX_BATCH_BYTES"), (framing, "MIN_RECORD_BYTES"),
+                          (framing, "SPLIT_BYTES"), (pass_index, "MIN_PASS_BYTES"), (pass_chain, "MIN_ROW_BYTES"),
+                          (keyframes, "MAX_KEYFRAME_INTERVAL"), (reader, "UNKNOWN_TAGS"), (verify, "HASH_BUDGET")]:
+        assert getattr(module, limit) is getattr(names, limit), limit

@@ -13,9 +13,9 @@ from typing import Final
 
 import msgspec
 
+from schedtrace.tracer.contract.names import MAX_RECORD_BYTES  # noqa: F401 - read from here too
 from schedtrace.tracer.contract.schema import RECORD_TYPES, Record
 
-MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
 
 _encoder = msgspec.msgpack.Encoder()
 DECODERS: Final = {tag: msgspec.msgpack.Decoder(cls) for tag, cls in RECORD_TYPES.items()}
@@ -24,6 +24,7 @@ DATA_DECODERS: Final = {tag: decoder for tag, decoder in DECODERS.items() if tag
 DELTA_TAG: Final = "delta"  # schema v2 only: a pass written as what changed (delta.py)
 V1_DATA_DECODERS: Final = {tag: decoder for tag, decoder in DATA_DECODERS.items() if tag != DELTA_TAG}
 PASS_TAGS: Final = frozenset(("pass", DELTA_TAG))  # the records the pass index points at
+ARRAYS: Final = frozenset((*range(0x90, 0xA0), 0xDC, 0xDD))  # the first bytes of a msgpack array (a record's)
 
 
 def encode(record: Record) -> bytes:

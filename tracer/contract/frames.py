@@ -44,23 +44,59 @@ def not_msgpack(exc: Exception) -> str:
     return f"not a msgpack record ({detail})" if detail else f"not a msgpack record ({type(exc).__name__})"
 
 
+def _unpacker(data: mmap.mmap | bytes, start: int, limit: int, max_record_bytes: int) -> msgpack.Unpacker:
+    return msgpack.Unpacker(_Window(data, start, limit), max_buffer_size=max_record_bytes,
+                            read_size=min(1 << 20, max_record_bytes))
+
+
+def _bad(position: int, exc: Exception, max_record_bytes: int) -> BadBytes:
+    """What the unpacker's ``exc`` at ``position`` means."""
+    if isinstance(exc, msgpack.OutOfData):
+        return BadBytes(position, "truncated record", torn=True)
+    if isinstance(exc, msgpack.BufferFull):
+        return BadBytes(position, f"record larger than the {max_record_bytes}-byte limit")
+    return BadBytes(position, not_msgpack(exc))
+
+
+_UNPACK_ERRORS = (msgpack.OutOfData, msgpack.BufferFull, ValueError, msgpack.FormatError, msgpack.StackError)
+
+
 def frames(data: mmap.mmap | bytes, start: int, limit: int, max_record_bytes: int) -> Iterator[tuple[int, int]]:
     """(start, end) of each object in ``data[start:limit]``, in order."""
-    unpacker = msgpack.Unpacker(_Window(data, start, limit), max_buffer_size=max_record_bytes,
-                                read_size=min(1 << 20, max_record_bytes))
+    unpacker = _unpacker(data, start, limit, max_record_bytes)
     position = start
     while position < limit:
         try:
             unpacker.skip()
-        except msgpack.OutOfData:
-            raise BadBytes(position, "truncated record", torn=True) from None
-        except msgpack.BufferFull:
-            raise BadBytes(position, f"record larger than the {max_record_bytes}-byte limit") from None
-        except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
-            raise BadBytes(position, not_msgpack(exc)) from None
+        except _UNPACK_ERRORS as exc:
+            raise _bad(position, exc, max_record_bytes) from None
         end = start + unpacker.tell()
         yield position, end
         position = end
+
+
+def spans(data: mmap.mmap | bytes, start: int, limit: int, max_record_bytes: int
+          ) -> Iterator[tuple[int, int, int]]:
+    """``frames`` with each run of 1-byte objects as one (start, end, count): none of them is a record
+    (a record is a tagged array, 2 bytes at least), and a run costs one tuple, not one a byte."""
+    unpacker = _unpacker(data, start, limit, max_record_bytes)
+    position = run = start  # run: where the 1-byte objects before ``position`` began
+    while position < limit:
+        try:
+            unpacker.skip()
+        except _UNPACK_ERRORS as exc:
+            if position > run:
+                yield run, position, position - run  # the run before the bad bytes first
+            raise _bad(position, exc, max_record_bytes) from None
+        end = start + unpacker.tell()
+        if end - position > 1:
+            if position > run:
+                yield run, position, position - run
+            yield position, end, 1
+            run = end
+        position = end
+    if position > run:
+        yield run, position, position - run
 
 
 def frame_end(data: mmap.mmap | bytes, offset: int, limit: int, max_record_bytes: int) -> int:

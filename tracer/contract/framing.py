@@ -29,7 +29,8 @@ from typing import Final, NamedTuple
 import msgspec
 import xxhash
 
-from schedtrace.tracer.contract.codec import MAX_RECORD_BYTES
+from schedtrace.tracer.contract.names import (FIRST_BATCH_WINDOW, MAX_BATCH_BYTES, MIN_RECORD_BYTES,  # noqa: F401
+                                             SPLIT_BYTES)
 
 MARKER_TAG: Final = "batch"
 MARKER_PREFIX: Final = b"\x95\xa5batch\xcf"  # array of 5, "batch", then a uint64
@@ -40,15 +41,6 @@ _HEAD_SIZE: Final = MARKER_SIZE - 8  # the bytes before the checksum value: cove
 _U32: Final = 0xCE
 _U64: Final = 0xCF
 
-# The writer seals a batch once it holds this many bytes (a large write_many
-# becomes several batches in one write): it bounds what one bad byte costs.
-SPLIT_BYTES: Final = 256 * 1024
-# No honest batch is larger: SPLIT_BYTES of records plus one record of up to the record limit.
-MAX_BATCH_BYTES: Final = MAX_RECORD_BYTES + SPLIT_BYTES
-# No msgpack object is shorter: what a count of records (a marker's, a gap's) can claim of its bytes.
-MIN_RECORD_BYTES: Final = 1
-# How far past the header a reader looks for a batch when the first marker is missing.
-FIRST_BATCH_WINDOW: Final = 2 * SPLIT_BYTES
 
 
 class Marker(NamedTuple):

@@ -30,9 +30,9 @@ import msgspec
 
 from schedtrace.tracer.contract.codec import encode_into
 from schedtrace.tracer.contract.delta import Differ
+from schedtrace.tracer.contract.names import MAX_KEYFRAME_INTERVAL
 from schedtrace.tracer.contract.schema import Pass
 
-MAX_KEYFRAME_INTERVAL: Final = 1024  # a pass is at most this many - 1 deltas after its keyframe
 DEFAULT_BYTES_RATIO: Final = 2.0
 DEFAULT_WALK_BYTES: Final = 24 << 10  # a seek walks at most this many delta bytes (about 0.5 ms at a 1,000 backlog)
 

@@ -84,6 +84,30 @@ SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT: Final = 4096
 SGLANG_SWA_EVICTION_INTERVAL_ENV: Final = "SGLANG_SWA_EVICTION_INTERVAL"
 SGLANG_SWA_EVICTION_INTERVAL_DEFAULT: Final = 128
 
+# Reading limits (tracer/contract; docs/trace-format.md, "Safety limits" and "Reading untrusted files").
+# What one record may be: the reader's default max_record_bytes (a larger one is refused, not read).
+MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
+# The writer seals a batch once it holds this many bytes (a large write_many
+# becomes several batches in one write): it bounds what one bad byte costs.
+SPLIT_BYTES: Final = 256 * 1024
+# No honest batch is larger: SPLIT_BYTES of records plus one record of up to the record limit.
+MAX_BATCH_BYTES: Final = MAX_RECORD_BYTES + SPLIT_BYTES
+# How far past the header a reader looks for a batch when the first marker is missing.
+FIRST_BATCH_WINDOW: Final = 2 * SPLIT_BYTES
+# No msgpack object is shorter: what a count of records (a marker's, a gap's) can claim of its bytes.
+MIN_RECORD_BYTES: Final = 1
+# No pass record (whole or delta) is shorter: a gap held at most size / this passes, whatever it claims.
+MIN_PASS_BYTES: Final = 24
+# No request row encodes shorter (a running row ["", 0, 0, 0]): the rows a list of a record could hold.
+MIN_ROW_BYTES: Final = 5
+# v2: a pass is at most this many - 1 deltas after its keyframe (the writer's interval, at most; the reader's bound).
+MAX_KEYFRAME_INTERVAL: Final = 1024
+# Bytes hashed for batches that fail, in units of the data's size (plus two batches): the search after damage.
+HASH_BUDGET: Final = 2
+LOCATE_BYTES: Final = 1 << 20  # how far into a failed batch the reader looks for the bad record
+UNKNOWN_TAGS: Final = 64  # distinct unknown tags counted by name; the rest as "(other tags)" (the file names them)
+RELEASE_AFTER_CHECK_BYTES: Final = 64 << 20  # a check of a file this big drops the pages it touched
+
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -32,6 +32,7 @@ from schedtrace.tracer.contract.delta import DeltaError, Walk, rebuild
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.framing import Gap
 from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
+from schedtrace.tracer.contract.names import MIN_ROW_BYTES
 from schedtrace.tracer.contract.pass_index import number_passes, room
 from schedtrace.tracer.contract.schema import Pass, PassDelta, Record
 from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
@@ -39,7 +40,6 @@ from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
 if TYPE_CHECKING:
     from schedtrace.tracer.contract.reader import TraceReader
 
-MIN_ROW_BYTES: Final = 5  # no request row encodes shorter (a running row ["", 0, 0, 0]): a list a record could hold
 
 
 class PassChain:
@@ -288,7 +288,15 @@ class PassChain:
         offsets, seqs, whole = array("Q"), array("q"), array("Q")
         if reader.framed:
             data = reader._mm
-            for offset, frame_stop in reader._readable_frames(0):
+            p_at = d_at = -1  # where b"pass" and b"delta" are next found (once passed): no other record is a pass
+            for offset, frame_stop, count in reader._readable_frames(0):
+                if p_at < offset:
+                    p_at = data.find(b"pass", offset) % (len(data) + 1)  # none: -1, past the data
+                if d_at < offset:
+                    d_at = data.find(b"delta", offset) % (len(data) + 1)
+                stop = min(frame_stop, offset + PEEK_BYTES)
+                if count > 1 or (p_at >= stop and d_at >= stop):
+                    continue
                 head = data[offset : min(frame_stop, offset + PEEK_BYTES)]
                 tag = peek_tag(head)
                 if tag in PASS_TAGS:
@@ -326,3 +334,4 @@ class PassChain:
                 reader._refuse(offset, problem)
                 return
             raise TraceFormatError(self._path, at, problem)
+

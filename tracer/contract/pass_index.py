@@ -15,12 +15,10 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
-from typing import Final
 
 from schedtrace.tracer.contract.framing import Gap
+from schedtrace.tracer.contract.names import MIN_PASS_BYTES
 
-# No pass record (whole or delta) is shorter: a gap held at most size / this passes, whatever it claims.
-MIN_PASS_BYTES: Final = 24
 
 
 def room(gaps: list[Gap], start: int, stop: int) -> tuple[Gap | None, int]:

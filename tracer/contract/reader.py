@@ -39,20 +39,20 @@ from typing import Final
 
 import msgspec
 
-from schedtrace.tracer.contract.codec import (DATA_DECODERS, DECODERS, DELTA_TAG, MAX_RECORD_BYTES, V1_DATA_DECODERS,
-                                             peek_tag)
+from schedtrace.tracer.contract.codec import (ARRAYS, DATA_DECODERS, DECODERS, DELTA_TAG, MAX_RECORD_BYTES,
+                                             V1_DATA_DECODERS, peek_tag)
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError, TraceNotFoundError, TraceVersionError
 from schedtrace.tracer.contract.footer import read_footer
-from schedtrace.tracer.contract.frames import BadBytes, frame_end, frames
+from schedtrace.tracer.contract.frames import BadBytes, frame_end, frames, spans
 from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, Gap, Marker, read_marker
+from schedtrace.tracer.contract.names import RELEASE_AFTER_CHECK_BYTES, UNKNOWN_TAGS
 from schedtrace.tracer.contract.opening import read_framing, read_header
 from schedtrace.tracer.contract.pass_chain import PassChain
 from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TAG, Footer, Pass, PassDelta, Record
 from schedtrace.tracer.contract.verify import Integrity, check_framed, check_plain, walk_plain
 
-RELEASE_AFTER_CHECK_BYTES: Final = 64 << 20  # a check of a file this big drops the pages it touched
-UNKNOWN_TAGS: Final = 64  # distinct unknown tags counted by name; the rest as OTHER_TAGS (the file names them)
 OTHER_TAGS: Final = "(other tags)"
+NOT_TAGGED: Final = "expected a tagged record array"
 FINGERPRINT_TAIL_BYTES: Final = 4096
 _gap_start = attrgetter("start")
 
@@ -204,8 +204,9 @@ class TraceReader:
         if not self.framed and self._found is None:
             yield from self._walk_plain(start)  # a v1 file not yet checked is checked by this very walk
             return
-        for offset, end in self._readable_frames(start):  # a framed file is hashed first
-            record = self._decode(offset, self._mm[offset:end])
+        for offset, end, count in self._readable_frames(start):  # a framed file is hashed first
+            record = self._decode(offset, self._mm[offset:end]) if count == 1 and self._mm[offset] in ARRAYS else \
+                self._refuse(offset, NOT_TAGGED, end, count)  # a run of 1-byte objects, or no array
             if record is not None:
                 yield offset, record
 
@@ -317,14 +318,13 @@ class TraceReader:
         if start <= self._data_start and self._found is None:
             self._found = self._finish(found)
 
-    def _readable_frames(self, start: int) -> Iterator[tuple[int, int]]:
-        """(start, end) of every record in the readable spans from ``start`` on."""
+    def _readable_frames(self, start: int) -> Iterator[tuple[int, int, int]]:
+        """(start, end, count) in the readable spans from ``start`` on: a record, or a run of 1-byte objects."""
         for region_start, region_end in self._regions(start):
             position = region_start
             while position < region_end:
                 try:
-                    for offset, end in frames(self._mm, position, region_end, self.max_record_bytes):
-                        yield offset, end
+                    yield from spans(self._mm, position, region_end, self.max_record_bytes)
                     position = region_end
                 except BadBytes as bad:
                     position = self._frame_failed(bad, region_end)
@@ -355,20 +355,20 @@ class TraceReader:
             return min(marker.end, limit), None
         return min(marker.end, limit), max(marker.n_records - before, 0)
 
-    def _bad_record(self, offset: int, reason: str, end: int | None = None) -> TraceFormatError:
-        """The error for a record that cannot be used (ending at ``end``); past damage, a gap is made first."""
+    def _bad_record(self, offset: int, reason: str, end: int | None = None, count: int = 1) -> TraceFormatError:
+        """The error for ``count`` records that cannot be used (ending at ``end``); past damage, a gap is made."""
         if not self.skip_damaged:
             return TraceFormatError(self.path, offset, reason)
-        return TraceDamagedError(self.path, self._bad_gap(offset, reason, end))
+        return TraceDamagedError(self.path, self._bad_gap(offset, reason, end, count))
 
-    def _refuse(self, offset: int, reason: str, end: int | None = None) -> None:
-        """A record that cannot be used: raise, or (``skip_damaged``) make it a gap and go on."""
+    def _refuse(self, offset: int, reason: str, end: int | None = None, count: int = 1) -> None:
+        """``count`` records that cannot be used: raise, or (``skip_damaged``) make them a gap and go on."""
         if not self.skip_damaged:
             raise TraceFormatError(self.path, offset, reason)
-        self._bad_gap(offset, reason, end)
+        self._bad_gap(offset, reason, end, count)
 
-    def _bad_gap(self, offset: int, reason: str, end: int | None) -> Gap:
-        """The gap holding the bad record at ``offset``, made one if there is none."""
+    def _bad_gap(self, offset: int, reason: str, end: int | None, count: int = 1) -> Gap:
+        """The gap holding the bad records at ``offset``, made one if there is none."""
         gaps = self._integrity().gaps
         gap = gaps[-1] if gaps and gaps[-1].start <= offset else self._gap_holding(offset)  # mostly: in file order
         if gap is not None and gap.start <= offset < max(gap.end, gap.start + 1):
@@ -377,7 +377,7 @@ class TraceReader:
             end = end or frame_end(self._mm, offset, self._integrity().data_end, self.max_record_bytes)
         except BadBytes:
             end = offset + 1
-        return self._add_gap(Gap(start=offset, end=end, lost=1, reason=reason, first_bad=offset))
+        return self._add_gap(Gap(start=offset, end=end, lost=count, reason=reason, first_bad=offset))
 
     def _add_gap(self, gap: Gap) -> Gap:
         """Add a gap found while reading; one that starts where the last before it ends joins it (a run of bad
@@ -425,7 +425,7 @@ class TraceReader:
         decoder = self._decoders.get(tag)
         if decoder is None:
             if tag is None:
-                return self._refuse(offset, "expected a tagged record array", end)
+                return self._refuse(offset, NOT_TAGGED, end)
             if tag in (MARKER_TAG, TAIL_TAG):
                 return None  # framing, not a record (a bad marker is a gap already)
             if (tag == "header") != (offset == 0) or tag == "footer":

@@ -44,12 +44,11 @@ from schedtrace.tracer.contract.framing import (
     marker_checks,
     read_marker,
 )
+from schedtrace.tracer.contract.names import HASH_BUDGET, LOCATE_BYTES
 from schedtrace.tracer.contract.frames import BadBytes, frames
 from schedtrace.tracer.contract.schema import TAIL_PREFIX, TAIL_SIZE
 
 PEEK_BYTES: Final = 32  # enough for any tag and a pass's seq
-LOCATE_BYTES: Final = 1 << 20  # how far into a failed batch the reader looks for the bad record
-HASH_BUDGET: Final = 2  # bytes hashed for batches that fail, in units of the data's size (plus two batches)
 
 
 @dataclass
