@@ -1,16 +1,29 @@
 """Record the demo's latch workload: the shipped trace ``traces/latch-abort-live.trace``.
 
 fcfs under the KV-pressure arguments, sent with the re-drive sender
-(``schedtrace.tracer.sandbox.redrive``) to a fresh sandbox recording a trace:
+(``schedtrace.tracer.sandbox.redrive``) to a fresh sandbox recording a trace.
+The stall is held by the clock, not by the CPU's speed: each request leaves
+when its client drops it, and sglang sees a drop on its 4 s disconnect poll,
+whatever the machine does meanwhile:
 
-* four long requests take most of the KV pool and keep it for their whole
-  decode (two of them share a 1600-token prefix);
-* a large head H that does not fit arrives next: ``NO_TOKEN`` latches
-  ``batch_is_full``, and small requests queue behind it;
-* the client gives up on H: it leaves the queue, the small head now fits, but
-  the stock scheduler keeps the latched flag until a long request finishes,
-  so it admits nothing for that whole decode (a stall); the ``latch`` fix
-  admits them at once.
+* two long requests (10,000 tokens each, sharing a 1600-token prefix) ask
+  for 6000 tokens each with ``ignore_eos``; the client drops them, and the
+  scheduler sees it 12 s after their arrival. They hold the KV pool until
+  then on a fast CPU (6000 decode steps outlast 12 s at 2 ms a step) as on
+  a loaded one;
+* a large head H arrives next. It never fits while they run: sglang's
+  budget is the pool less their inputs, their outputs so far and the outputs
+  they may still make (``ignore_eos`` reserves them all, up to 4096 each),
+  at most 13,408 tokens, and H needs 16,016. ``NO_TOKEN`` latches
+  ``batch_is_full``, and small requests queue behind H;
+* the client gives up on H (the scheduler sees it 4 s after its arrival): it
+  leaves the queue, the small head now fits, but the stock scheduler keeps
+  the latched flag until a long request leaves, so it admits nothing for
+  about 5.5 s (a stall); the ``latch`` fix admits them at once.
+
+The abort times are the scheduler's, as a recording has them: the sender
+drops each connection a little before (``ABORT_LEAD_S``), so the poll sees
+it then, in this recording and in a re-drive of it alike.
 
     python -m bench.latch_workload OUT_DIR      # prints the trace it recorded
 
@@ -30,9 +43,9 @@ from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 LAUNCH_ARGS = KV_PRESSURE_ARGS
 BLOCK = PREFIX_BLOCK_TOKENS
 PREFIX_BLOCKS = 100  # F: 1600 tokens
-LONG_OUT = 400  # the long requests' decode: the stall's length under stock
-HEAD_AT_MS, HEAD_LEN, HEAD_ABORT_MS = 6000, 16000, 2000
-SMALL_FROM_MS, SMALL_EVERY_MS, SMALL = 6500, 500, 6
+LONG_LEN, LONG_OUT, LONG_ABORT_MS = 10_000, 6000, 12_000  # within the model's 16,384-token context
+HEAD_AT_MS, HEAD_LEN, HEAD_ABORT_MS = 2500, 16_000, 4000
+SMALL_FROM_MS, SMALL_EVERY_MS, SMALL = 3000, 400, 6
 
 
 def latch_workload() -> Workload:
@@ -49,9 +62,7 @@ def latch_workload() -> Workload:
                                ignore_eos=True, priority=None, finish_reason="abort" if abort_ms else "length",
                                client_abort_ms=abort_ms)
 
-    f_len = PREFIX_BLOCKS * BLOCK
-    requests = [request(0, f_len + 48, LONG_OUT, prefix=True), request(200, 8000, LONG_OUT, prefix=True)]
-    requests += [request(200 * (i + 2), 8000, LONG_OUT) for i in range(2)]
+    requests = [request(200 * i, LONG_LEN, LONG_OUT, prefix=True, abort_ms=LONG_ABORT_MS) for i in range(2)]
     requests.append(request(HEAD_AT_MS, HEAD_LEN, 16, abort_ms=HEAD_ABORT_MS))
     requests += [request(SMALL_FROM_MS + SMALL_EVERY_MS * i, 600, 16) for i in range(SMALL)]
     return Workload(block=BLOCK, shared_prefixes=True, requests=requests)

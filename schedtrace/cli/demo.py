@@ -259,8 +259,8 @@ def live_ab(out_dir: Path, workload_path: Path, launch_args: tuple[str, ...]) ->
         if report.fidelity.matched != report.fidelity.total:
             failures.append("the stock replay did not reproduce every recorded decision")
         if not report.divergences and not report.stalls.get(STOCK):
-            step("the live stock run held no divergence and no stall this time (the machine's timing decides "
-                 "whether the abort lands while the queue is latched)")
+            step("the live stock run held no divergence and no stall this time (the stall needs the long "
+                 "requests still running when the client's drop of the latched head lands)")
             browse = replay_sample(out_dir, failures) or browse
     finish(browse, failures, out_dir)
 

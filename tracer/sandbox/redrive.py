@@ -7,8 +7,12 @@ and no original token is needed. It asks for the tokens it produced
 (``WorkloadRequest.redrive_max_new_tokens``) with ``ignore_eos``, keeps its
 priority, and is sent at its recorded arrival time divided by the speed-up,
 whatever the earlier requests are doing. A recorded client abort drops the
-connection that long after the send (sglang notices a dropped connection on
-its next poll, ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, 4 s by default).
+connection ``ABORT_LEAD_S`` before its recorded time after the send: sglang
+notices a dropped connection only on its next poll
+(``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, 4 s by default, counted from the
+request's arrival), so the recorded time is that poll's, and a drop at the
+poll itself would race it and most often land one poll (4 s) later. Dropped
+a little before, it lands on the recording's poll.
 
 ``plan`` is pure; ``redrive`` does the sending, one thread per request in
 flight; ``server_vocab`` asks the server what it serves. A server that
@@ -35,6 +39,7 @@ from schedtrace.tracer.contract.errors import EndpointUnreachableError, UsageErr
 
 LOWEST_TOKEN: Final = 3  # ids below are bos/eos/pad in most vocabularies
 TOKEN_KEY: Final = b"schedtrace-redrive"  # the ids' stream is fixed: the same trace gives the same prompts
+ABORT_LEAD_S: Final = 1.0  # a recorded abort's drop comes this much before its time (at least 0)
 MAX_IN_FLIGHT: Final = 1024  # requests open at once; later sends wait (and count as late)
 REQUEST_TIMEOUT_S: Final = 600.0  # one request, send to answer
 PROBE_TIMEOUT_S: Final = 10.0
@@ -87,7 +92,8 @@ class Planned:
 
 def plan(workload: Workload, *, speedup: float = 1.0, limit: int | None = None,
          rid_prefix: str = "redrive-") -> list[Planned]:
-    """The first ``limit`` requests, at their recorded times divided by ``speedup``."""
+    """The first ``limit`` requests, at their recorded times divided by ``speedup``; each recorded
+    client abort ``ABORT_LEAD_S`` before its time (scaled) after the send."""
     if speedup <= 0:
         raise UsageError(f"--speedup must be > 0, got {speedup}")
     chosen = workload.requests[:limit] if limit is not None else workload.requests
@@ -95,7 +101,8 @@ def plan(workload: Workload, *, speedup: float = 1.0, limit: int | None = None,
     return [
         Planned(rid=f"{rid_prefix}{n:0{width}d}", send_at_s=r.t_ms / 1000 / speedup, request=r,
                 max_new_tokens=r.redrive_max_new_tokens,
-                abort_after_s=None if r.client_abort_ms is None else r.client_abort_ms / 1000 / speedup)
+                abort_after_s=None if r.client_abort_ms is None
+                else max(r.client_abort_ms / 1000 / speedup - ABORT_LEAD_S, 0.0))
         for n, r in enumerate(chosen)
     ]
 
