@@ -125,7 +125,7 @@ def run_arm(
             p = msgspec.structs.replace(p, idle_before=idle,
                                         order=loop.draw_at(loop.start_iteration + step, p.waiting))
             idle = 0
-            decision = driver.decide(p, arm)
+            decision = _decide(driver, p, arm, state)
             run.passes.append(with_outputs(p, decision, state))
             run.decisions.append(decision)
             if decision.error is not None:
@@ -193,6 +193,21 @@ def run_arm(
         stuck_at=stuck_at,
     )
     return run
+
+
+def _decide(driver, p: Pass, arm: str, state: LoopState) -> Decision:
+    """The arm's decision on a loop state; a preemption frees what the loop's request holds,
+    and the request re-enters the queue at the pass's end (its entry time ranks the next one)."""
+    if not driver.scheduler.enable_priority_preemption:
+        return driver.decide(p, arm)
+    driver.release_frees = {r.rid: r.kv_held for r in state.running}
+    try:
+        decision = driver.decide(p, arm)
+    finally:
+        driver.release_frees = None
+    for rid in decision.released or ():
+        driver.book.requeued(rid, p.t_ns + p.dur_ns)
+    return decision
 
 
 def _check_totals(totals: dict[str, int], state: LoopState, seq: int) -> None:

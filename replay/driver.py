@@ -59,6 +59,7 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
+from schedtrace.replay.preemption import Releases
 from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
@@ -166,6 +167,8 @@ class PassDriver:
         self.book = ArrivalBook(header.prefix_block)  # each live request's prefix ids (note)
         self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
         self._sort_randomly = staticmethod(self._recorded_shuffle)
+        # The closed loop's KV each running request frees on a preemption (None: the recording's counts).
+        self.release_frees: dict[str, int] | None = None
 
     def note(self, record: Arrival | Finish | Retract | Pass) -> None:
         """What a queued request carries between passes, from its arrival until its finish: its
@@ -190,17 +193,12 @@ class PassDriver:
         return self.book.block > 0 or bool(self.scheduler.enable_priority_preemption)
 
     def _release(self, batch: Any, idx: int, remaining: int, offload_kv: bool = True) -> bool:
-        """``ScheduleBatch.release_req`` under priority preemption: the recorded counts it left
-        (``Pass.released``), as the stores a trace records answer; the request is reset as sglang resets it."""
+        """``ScheduleBatch.release_req`` under priority preemption: the pools' counts after it
+        (``schedtrace.replay.preemption``); the request is reset as sglang resets it."""
         req = batch.reqs[idx]
-        released = self._releases.pop(req.rid, None)
-        if released is None:
-            raise ReplayStateError(f"preemption releases running request {req.rid!r}, which the recording did not")
-        if isinstance(self.allocator, RecordedAllocator):
-            self.allocator.available = released.available
-        else:
-            self.allocator.full_attn_allocator.available = released.available
-        self.tree_cache.evictable = released.evictable
+        pool = self.allocator if isinstance(self.allocator, RecordedAllocator) else self.allocator.full_attn_allocator
+        pool.available, self.tree_cache.evictable = self._releases.counts(
+            req.rid, pool.available, self.tree_cache.evictable)
         req.kv.req_pool_idx = None  # its row went back to the pool (ReqToTokenPool.free)
         req.kv.mark_kv_released()
         req.reset_for_retract()
@@ -304,8 +302,8 @@ class PassDriver:
         batch.__dict__.update(self._batch_defaults)  # what its generated __init__ sets (99 stores)
         batch.reqs = running
         batch.batch_is_full = p.batch_is_full_in
+        self._releases = Releases({r.rid: r for r in p.released or ()}, self.release_frees)
         if self.scheduler.enable_priority_preemption:
-            self._releases = {r.rid: r for r in p.released or ()}
             batch.release_req = partial(self._release, batch)
             batch.filter_batch = partial(keep_rows, batch)
         kv = p.kv
@@ -403,6 +401,7 @@ class PassDriver:
             over_ask=self._over_ask(admitted_reqs),
             error=error,
             queue_order=self._order,
+            released=self._releases.done or None,
         )
 
     def _over_ask(self, admitted_reqs: list) -> int:

@@ -191,6 +191,12 @@ def apply_decision(
         state.waiting = in_order(state.waiting, decision.queue_order)
     result = StepResult()
     step = StepPools.of(state, pools, page_size, radix_cache)
+    if decision.released and decision.error is None:
+        # Priority preemption released these before admission; _add_request_to_queue appends them.
+        for rid in decision.released:
+            victim = next(r for r in state.running if r.rid == rid)
+            state.running.remove(victim)
+            _requeue(victim, state, step, state.requests())
     prefilled: list[LoopReq] = []  # prefills completed this pass: they run from the next pass
 
     need, plans = admission_plan(state, decision, page_size)
@@ -274,15 +280,7 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
     while len(keep) > 1 and not fits(growth(keep)):
         retracted.append(keep.pop())
     for req in retracted:
-        hand_over(req, [*keep, *state.running, *state.requests()])
-        release(req, step, cached=False)
-        req.kv_tokens = 0
-        req.kv_shared = 0
-        req.lender = None
-        req.prefix_len = 0
-        req.inflight = 0
-        state.req_slots_free += 1
-        state.waiting.append(req)
+        _requeue(req, state, step, [*keep, *state.running, *state.requests()])
         result.retracted.append(req.rid)
     kept = [r for r in decoding if r not in retracted]
     for req in kept:
@@ -292,3 +290,17 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
         slide_swa(req, req.kv_tokens, step, step.pools.swa_eviction_interval)
         state.running.append(req)
     return bool(retracted)
+
+
+def _requeue(req: LoopReq, state: LoopState, step: StepPools, others: list[LoopReq]) -> None:
+    """A running request back to the queue's end with its outputs, its KV freed (retraction,
+    preemption): it prefills its prompt and outputs again."""
+    hand_over(req, others)
+    release(req, step, cached=False)
+    req.kv_tokens = 0
+    req.kv_shared = 0
+    req.lender = None
+    req.prefix_len = 0
+    req.inflight = 0
+    state.req_slots_free += 1
+    state.waiting.append(req)

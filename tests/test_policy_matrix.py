@@ -65,10 +65,10 @@ def test_stock_reproduces_every_decision_and_queue_order(matrix: dict[str, Recor
 
 
 
-# Paths the closed loop does not model: sglang's retraction test hook retracts every
+# The path the closed loop does not model: sglang's retraction test hook retracts every
 # SGLANG_TEST_RETRACT_INTERVAL forwards (the loop retracts on decode OOM; measured 2.9% p50,
-# 13.4% p90 wait error), and priority preemption releasing running requests (5.0%, 32.2%).
-CLOSED_LOOP_UNMODELED = {"dfs-weight", "fcfs-low-first"}
+# 13.4% p90 wait error).
+CLOSED_LOOP_UNMODELED = {"dfs-weight"}
 CLOSED_LOOP_EXACT = [c.name for c in CONFIGS if c.name not in CLOSED_LOOP_UNMODELED]
 # Exact (0.0% / 0.0%) in four of five recordings here; one drifted to 0.0% / 19% p90, not yet explained.
 CLOSED_LOOP_P50_ONLY = {"mamba-lpm"}

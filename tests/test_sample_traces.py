@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from schedtrace.replay.closed_loop import run_closed_loop
 from schedtrace.replay.engine import replay_trace
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Arrival, Pass
@@ -97,3 +98,13 @@ def test_a_preempted_request_is_ranked_by_its_requeue_not_its_arrival() -> None:
     assert _requeued_victims(TRACES / PREEMPT)
     report = replay_trace(TRACES / PREEMPT, "stock", "fixed", jobs=1)
     assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)
+
+
+def test_the_closed_loop_preempts_as_the_server_did() -> None:
+    """Evolved by its own decisions, the stock arm's preemptions free the KV its loop holds,
+    and their victims queue again: it admits every request when the server did."""
+    loop = run_closed_loop(TRACES / PREEMPT, ["stock"])
+    check = loop.self_check
+    assert check.requests == 40 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert check.wait_error_p50 <= 0.02 and check.wait_error_p90 <= 0.05, check  # the matrix's bounds
+    assert loop.arms["stock"].exceptions == 0

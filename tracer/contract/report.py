@@ -45,6 +45,7 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=False):
     error: str | None = None  # "Type: message" if the arm raised
     # The order calc_priority left the queue in, as Pass.order's runs (None: the entry order).
     queue_order: list[int] | None = None
+    released: list[str] | None = None  # running requests priority preemption released, in order
 
 
 class Divergence(msgspec.Struct, kw_only=True, rename={"pass_": "pass"}):

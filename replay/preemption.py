@@ -1,0 +1,34 @@
+"""Priority preemption in replay: the counts a released running request leaves.
+
+sglang's ``preempt_to_schedule`` releases running requests (``ScheduleBatch.release_req``)
+and reads the pools again before it admits. Open loop, the recording answers each release
+(``Pass.released``). A closed loop steps states no server ran, so each release frees what
+the loop's own state says that request holds (``Releases.frees``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedtrace.tracer.contract.errors import ReplayStateError
+from schedtrace.tracer.contract.schema import Released
+
+
+@dataclass
+class Releases:
+    """One pass's releases: answered from the recording, else from ``frees``; ``done`` in order."""
+
+    recorded: dict[str, Released]
+    frees: dict[str, int] | None = None  # KV tokens each running request frees (closed loop)
+    done: list[str] = field(default_factory=list)
+
+    def counts(self, rid: str, available: int, evictable: int) -> tuple[int, int]:
+        """Free and evictable tokens right after ``rid``'s release, from ``available``/``evictable`` before it."""
+        released = self.recorded.pop(rid, None)
+        if released is not None:
+            self.done.append(rid)
+            return released.available, released.evictable
+        if self.frees is None or rid not in self.frees:
+            raise ReplayStateError(f"preemption releases running request {rid!r}, which the recording did not")
+        self.done.append(rid)
+        return available + self.frees[rid], evictable
