@@ -90,6 +90,7 @@ def run_arm(
     same_for = 0
     start = loop.start
     pools = loop.pools
+    ratio = loop.ratio_rule
     totals = state.pool_totals()
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
@@ -102,6 +103,7 @@ def run_arm(
             # Nothing runs until the next arrival: skip straight to it.
             skip = min(feed.next_arrival, limit) - step
             idle += skip
+            state.new_token_ratio = ratio.init  # the idle scheduler resets it (on_idle)
             step += skip
             continue
         seq = loop.from_pass + step
@@ -117,7 +119,7 @@ def run_arm(
                 state,
                 seq=seq,
                 t_ns=loop.clock.time_at(loop.start_iteration + step),
-                new_token_ratio=start.new_token_ratio,
+                new_token_ratio=state.new_token_ratio,
                 chunked_prefill_size=start.chunked_prefill_size,
                 pools=pools,
                 processed_tokens=loop.processed_at(loop.start_iteration + step),
@@ -135,7 +137,7 @@ def run_arm(
         before = state.signature()
         state, result = apply_decision(
             state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools,
-            mixed_chunk=loop.mixed_chunk, overlap=loop.overlap,
+            mixed_chunk=loop.mixed_chunk, overlap=loop.overlap, retract_every=loop.retract_every, ratio=ratio,
         )
         _check_totals(totals, state, seq)
         if recorded:

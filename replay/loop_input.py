@@ -21,12 +21,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from schedtrace.replay.loop_pools import FULL_POOL, LoopPools, swa_window_tokens
+from schedtrace.replay.loop_ratio import RatioRule
 from schedtrace.replay.loop_state import LoopReq, LoopState
 from schedtrace.replay.pass_clock import PassClock
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.names import FINISH_REJECTED
+from schedtrace.tracer.contract.names import FINISH_REJECTED, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL
 from schedtrace.tracer.contract.order import order_runs
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
 
@@ -209,6 +210,16 @@ class LoopInput:
     def pools(self) -> LoopPools:
         return LoopPools.of(self.header)
 
+    @property
+    def ratio_rule(self) -> RatioRule:
+        return RatioRule.of(self.header)
+
+    @property
+    def retract_every(self) -> int:
+        """Forwards between the retractions of sglang's ``SGLANG_TEST_RETRACT`` hook; 0: it was off."""
+        settings = self.header.settings
+        return int(settings.get(SGLANG_TEST_RETRACT_INTERVAL, 0) or 0) if settings.get(SGLANG_TEST_RETRACT) else 0
+
 
 def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None = None) -> LoopInput:
     """The closed loop's start: the recorded state at ``from_pass`` and what comes after."""
@@ -333,6 +344,8 @@ def initial_state(
         swa_evictable=(kv.swa_evictable or 0) if swa else None,
         mamba_free=kv.mamba_available if mamba else None,
         mamba_evictable=(kv.mamba_evictable or 0) if mamba else None,
+        forward_ct=p.forward_ct,
+        new_token_ratio=p.new_token_ratio,
     )
 
 

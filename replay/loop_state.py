@@ -44,6 +44,7 @@ from schedtrace.replay.loop_pass import replace_pass, to_pass, with_outputs  # r
 from schedtrace.replay.loop_pools import (  # ceil_page: re-exported
     FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
 )
+from schedtrace.replay.loop_ratio import RatioRule
 from schedtrace.tracer.contract.order import in_order
 from schedtrace.tracer.contract.report import Decision
 
@@ -96,6 +97,9 @@ class LoopState:
     swa_evictable: int | None = None
     mamba_free: int | None = None
     mamba_evictable: int | None = None
+    # Scheduler.forward_ct, counted on from the recording's (Pass.forward_ct; None: not recorded)
+    forward_ct: int | None = None
+    new_token_ratio: float = 0.0  # schedtrace.replay.loop_ratio: from the recorded pass, evolved
 
     def copy(self) -> LoopState:
         return replace(
@@ -171,6 +175,8 @@ def apply_decision(
     pools: LoopPools = FULL_POOL,
     mixed_chunk: bool = False,
     overlap: bool = False,
+    retract_every: int = 0,
+    ratio: RatioRule | None = None,
 ) -> tuple[LoopState, StepResult]:
     """The state at the next pass's entry after ``decision`` and one forward step.
 
@@ -184,6 +190,12 @@ def apply_decision(
     (``inflight``), and a request that step finished still runs at its
     entry; it decodes no more (``update_running_batch`` skips requests
     finishing by length) and leaves at the end of the step.
+
+    ``retract_every`` (sglang's ``SGLANG_TEST_RETRACT`` hook, its interval; 0: off): a decode
+    step at a multiple of that many forwards retracts at least one request
+    (``update_running_batch``), counted by ``state.forward_ct``.
+
+    ``ratio``: how ``state.new_token_ratio`` evolves (None: it holds).
     """
     state = state.copy()
     if decision.queue_order is not None and decision.error is None:
@@ -224,7 +236,14 @@ def apply_decision(
     active = [r for r in state.running if r not in finishing]
     decoding = active if mixed_chunk or not prefill_batch else []
     state.running = [r for r in state.running if r not in decoding]
-    shrank = _decode(state, decoding, step, result)
+    forward_ct = state.forward_ct
+    hook = bool(retract_every) and forward_ct is not None and not prefill_batch and forward_ct % retract_every == 0
+    # update_running_batch (a decode step of its own) moves the ratio; an idle scheduler resets it.
+    shrank = _decode(state, decoding, step, result, force_retract=hook, ratio=None if prefill_batch else ratio)
+    if ratio is not None and not (prefill_batch or decoding):
+        state.new_token_ratio = ratio.init
+    if forward_ct is not None and (prefill_batch or decoding):
+        state.forward_ct = forward_ct + 1  # Scheduler.run_batch counts every forward
     for req in prefilled:
         req.output_len += 1  # the prefill's forward samples the first token
         state.running.append(req)
@@ -261,8 +280,11 @@ def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefil
         state.chunked = None
 
 
-def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: StepResult) -> bool:
-    """One decode token for each of ``decoding``; retract until it fits. True if any left."""
+def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: StepResult,
+            force_retract: bool = False, ratio: RatioRule | None = None) -> bool:
+    """One decode token for each of ``decoding``; retract until it fits (at least one with
+    ``force_retract``, as ``retract_decode``'s first round), moving the ratio by ``ratio``.
+    True if any left."""
     if not decoding:
         return False
     page_size = step.page_size
@@ -277,12 +299,15 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
     # at least one request always stays.
     keep = sorted(decoding, key=lambda r: (r.output_len, -r.input_len), reverse=True)
     retracted: list[LoopReq] = []
-    while len(keep) > 1 and not fits(growth(keep)):
+    while len(keep) > 1 and (force_retract or not fits(growth(keep))):
+        force_retract = False
         retracted.append(keep.pop())
     for req in retracted:
         _requeue(req, state, step, [*keep, *state.running, *state.requests()])
         result.retracted.append(req.rid)
     kept = [r for r in decoding if r not in retracted]
+    if ratio is not None:
+        state.new_token_ratio = ratio.after_retract(kept) if retracted else ratio.decayed(state.new_token_ratio)
     for req in kept:
         if fits(req.growth(req.kv_tokens + 1, page_size)):
             hold(req, req.kv_tokens + 1, step)

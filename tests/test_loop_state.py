@@ -7,7 +7,12 @@ The closed loop against the real sglang code is in tests/test_closed_loop.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from schedtrace.replay.closed_loop import PassClock
+from schedtrace.replay.loop_ratio import RatioRule
 from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
 from schedtrace.tracer.contract.report import Decision
 
@@ -295,3 +300,58 @@ def test_a_protected_match_no_running_request_can_hold_is_allocated():
     after, _ = step(s, Decision(admitted=[("w", 20)]))
     b = next(r for r in after.running if r.rid == "w")
     assert (b.lender, b.kv_shared, b.kv_held) == (None, 0, 100) and after.free == 400
+
+
+# --- the retraction test hook, the new-token ratio, preemption ---
+
+RULE = RatioRule(init=0.7, min=0.098, decay=(0.7 - 0.098) / 600, retract_decode_steps=20)
+
+
+def test_the_retract_hook_retracts_one_at_a_multiple_of_its_interval_and_counts_forwards():
+    s = state(running=[running("a", output_len=9, target=40), running("b", output_len=2)], forward_ct=14)
+    after, result = apply_decision(s, Decision(admitted=[]), page_size=1, radix_cache=True, retract_every=7)
+    assert result.retracted == ["b"] and after.forward_ct == 15  # room for both: the hook alone retracts
+    again, result = apply_decision(after, Decision(admitted=[]), page_size=1, radix_cache=True, retract_every=7)
+    assert result.retracted == [] and again.forward_ct == 16
+    unrecorded, result = step(state(running=[running("a"), running("b", output_len=2)]), Decision(admitted=[]))
+    assert result.retracted == [] and unrecorded.forward_ct is None
+
+
+def test_the_ratio_moves_as_sglangs_tracker():
+    """The mirror against sglang's own NewTokenRatioTracker, on real Reqs."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    tracker = NewTokenRatioTracker(init=RULE.init, min=RULE.min, decay=RULE.decay, current=0.5)
+    tracker.decay_step()
+    assert RULE.decayed(0.5) == tracker.current
+    assert RULE.decayed(RULE.min) == RULE.min
+    kept = [running("a", output_len=9, target=40), running("b", output_len=30)]
+    reqs = []
+    for r in kept:
+        req = Req(r.rid, "", [1] * r.input_len, SamplingParams(max_new_tokens=r.max_new_tokens))
+        req.output_ids = [2] * r.output_len
+        reqs.append(req)
+    assert RULE.after_retract(kept) == pytest.approx(NewTokenRatioTracker.estimate_new_token_ratio_after_retract(reqs))
+
+
+def test_a_decode_step_decays_the_ratio_a_retraction_resets_it_and_idling_restores_init():
+    s = state(running=[running("a", output_len=9, target=40), running("b", output_len=2)], forward_ct=13, new_token_ratio=0.5)
+    after, _ = apply_decision(s, Decision(admitted=[]), page_size=1, radix_cache=True, retract_every=7, ratio=RULE)
+    assert after.new_token_ratio == RULE.decayed(0.5)
+    kept_before = [replace(r) for r in after.running if r.rid == "a"]
+    retracted, result = apply_decision(after, Decision(admitted=[]), page_size=1, radix_cache=True, retract_every=7,
+                                       ratio=RULE)
+    assert result.retracted == ["b"] and retracted.new_token_ratio == RULE.after_retract(kept_before)
+    idle, _ = apply_decision(state(new_token_ratio=0.3), Decision(admitted=[]), page_size=1, radix_cache=True, ratio=RULE)
+    assert idle.new_token_ratio == RULE.init
+
+
+def test_a_preempted_request_frees_its_kv_and_queues_at_the_end_with_its_outputs():
+    s = state(running=[running("a", output_len=9, target=40), running("b", output_len=2)], waiting=[waiting("w")], free=500)
+    held = s.running[1].kv_held
+    after, _ = step(s, Decision(admitted=[], released=["b"]))
+    assert [r.rid for r in after.waiting] == ["w", "b"] and after.waiting[-1].output_len == 2
+    assert after.waiting[-1].kv_held == 0 and after.req_slots_free == 5 and total_kv(after) == total_kv(s)
+    assert after.free >= 500 + held - 1  # freed, less the one decode token of "a"

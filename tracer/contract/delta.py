@@ -35,7 +35,7 @@ INT_MAX: Final = (1 << 64) - 1
 COPIED: Final = (
     "dur_ns", "repeat", "idle_before", "batch_is_full_in", "kv", "req_slots_free", "new_token_ratio",
     "chunked_prefill_size", "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
-    "order", "processed_tokens", "released",
+    "order", "processed_tokens", "released", "forward_ct",
 )
 _rid = attrgetter("rid")
 _first = itemgetter(0)  # the rid of a running row's key
@@ -182,7 +182,7 @@ class Differ:
             w_runs, [waiting[i] for i in w_fresh], r_runs, [running[i] for i in r_fresh], step,
             _chunked(old.chunked, p.chunked), p.batch_is_full_in, p.kv, p.req_slots_free, p.new_token_ratio,
             p.chunked_prefill_size, p.candidates, p.admitted, p.chunk, p.new_chunked_rid, p.batch_is_full_out,
-            p.error, p.order, p.processed_tokens, p.released,
+            p.error, p.order, p.processed_tokens, p.released, p.forward_ct,
         )
 
 
@@ -269,6 +269,7 @@ def _made(delta: PassDelta, t_ns: int, waiting: list[WaitingReq], running: list[
         chunked, delta.batch_is_full_in, delta.kv, delta.req_slots_free, delta.new_token_ratio,
         delta.chunked_prefill_size, delta.candidates, delta.admitted, delta.chunk, delta.new_chunked_rid,
         delta.batch_is_full_out, delta.error, delta.order, delta.processed_tokens, delta.released,
+        delta.forward_ct,
     )
 
 

@@ -83,6 +83,9 @@ SGLANG_CLIP_MAX_NEW_TOKENS_DEFAULT: Final = 4096
 # The SWA side's eviction stride (envs.SGLANG_SWA_EVICTION_INTERVAL), which the closed loop evolves by.
 SGLANG_SWA_EVICTION_INTERVAL_ENV: Final = "SGLANG_SWA_EVICTION_INTERVAL"
 SGLANG_SWA_EVICTION_INTERVAL_DEFAULT: Final = 128
+# sglang's retraction test hook (envs.SGLANG_TEST_RETRACT): a retraction every INTERVAL forwards.
+SGLANG_TEST_RETRACT: Final = "SGLANG_TEST_RETRACT"
+SGLANG_TEST_RETRACT_INTERVAL: Final = "SGLANG_TEST_RETRACT_INTERVAL"
 
 # Reading limits (tracer/contract; docs/trace-format.md, "Safety limits" and "Reading untrusted files").
 # What one record may be: the reader's default max_record_bytes (a larger one is refused, not read).

@@ -239,6 +239,9 @@ class Pass(_Record, tag="pass"):
     processed_tokens: int | None = None
     # Running requests priority preemption released, in order (None: none).
     released: list[Released] | None = None
+    # Scheduler.forward_ct at pass entry (a folded record: its first pass's), recorded only under
+    # sglang's SGLANG_TEST_RETRACT hook, which retracts every SGLANG_TEST_RETRACT_INTERVAL forwards.
+    forward_ct: int | None = None
 
 
 # --- events ----------------------------------------------------------------
@@ -382,6 +385,7 @@ class PassDelta(_Record, tag="delta"):
     order: list[int] | None = None
     processed_tokens: int | None = None
     released: list[Released] | None = None
+    forward_ct: int | None = None
 
 
 Record = Union[

@@ -46,6 +46,7 @@ class PassCapture(Deferred):
         "kv", "req_slots_free", "new_token_ratio", "chunked_prefill_size",
         "candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
         "in_chunk", "budget", "events", "slots", "order", "processed_tokens", "batch", "full_at_batch", "released",
+        "forward_ct",
     )
 
     def __init__(self, scheduler: Any, running_batch: Any, t_ns: int, readers: pools.PoolReaders) -> None:
@@ -64,6 +65,7 @@ class PassCapture(Deferred):
         self.batch = running_batch  # until close: batch construction reads its flag
         self.full_at_batch: bool | None = None
         self.released: list[Released] | None = None  # running requests preemption released
+        self.forward_ct: int | None = None  # set under sglang's SGLANG_TEST_RETRACT hook (Recorder.begin_pass)
         if running_batch is not None:
             running = list(running_batch.reqs)
             self.batch_is_full_in = bool(running_batch.batch_is_full)
@@ -177,6 +179,7 @@ class PassCapture(Deferred):
             self.chunked_prefill_size, self._candidate_rows(), self._admitted_rows(), self.chunk,
             self.new_chunked_rid, self.batch_is_full_out, self.error,
             order_runs(self.order) if self.order is not None else None, self.processed_tokens, self.released,
+            self.forward_ct,
         )
 
     def _candidate_rows(self) -> list[Candidate]:

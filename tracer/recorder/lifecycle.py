@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -92,6 +93,7 @@ class Recorder:
         # The prefix ids' secret: the run's (inherited, or published here for the ranks to inherit).
         self.prefix_key = prefix_key or ensure_prefix_key()
         self.prefix_block = 0  # tokens per prefix id, from the attached scheduler's page size
+        self.counts_forwards = False  # sglang's SGLANG_TEST_RETRACT hook retracts by Scheduler.forward_ct
         # Scheduler thread reads it per non-idle pass and event; the control file's poll writes it.
         self.paused: bool | str = False
         self.skipped = 0  # passes and events not recorded while paused, not yet in a Loss record
@@ -128,6 +130,7 @@ class Recorder:
         if self.scheduler is None:
             self.scheduler = scheduler
             self.prefix_block = block_tokens(int(getattr(scheduler, "page_size", 1) or 1))
+            self.counts_forwards = bool(getattr(sys.modules.get(type(scheduler).__module__), "TEST_RETRACT", False))
             if self._control is not None and self.start() is not None:
                 self._control.poll(force=True)  # off from the start: not one pass recorded
 
@@ -317,6 +320,8 @@ class Recorder:
         else:
             readers = pools.PoolReaders(scheduler)
         cap = PassCapture(scheduler, running_batch, self.now(), readers)
+        if self.counts_forwards:
+            cap.forward_ct = scheduler.forward_ct
         self.capture = cap
         return cap
 
