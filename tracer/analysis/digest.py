@@ -25,7 +25,8 @@ from schedtrace.tracer.contract.schema import Clock, Idle, Loss, Pass, Record
 
 # Every Pass field is in exactly one of these (tests/test_ranks.py checks), so
 # a new schema field must be placed before ranks compares it or not.
-TIMING_FIELDS: Final = ("seq", "t_ns", "dur_ns", "repeat", "idle_before")  # differ between ranks by nature
+# Differ between ranks by nature (forward_ct: a folded record's first pass's, and ranks fold apart).
+TIMING_FIELDS: Final = ("seq", "t_ns", "dur_ns", "repeat", "idle_before", "forward_ct")
 INPUT_FIELDS: Final = ("waiting", "running", "chunked", "batch_is_full_in", "kv", "req_slots_free",
                        "new_token_ratio", "chunked_prefill_size", "processed_tokens")
 OUTPUT_FIELDS: Final = ("candidates", "admitted", "chunk", "new_chunked_rid", "batch_is_full_out", "error",
