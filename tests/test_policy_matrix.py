@@ -78,7 +78,7 @@ CLOSED_LOOP_P50_ONLY = {"mamba-lpm"}
 def test_the_stock_closed_loop_reproduces_the_recording(matrix: dict[str, Recorded], name: str) -> None:
     """Evolved by its own decisions, the stock arm admits each request when the server did."""
     check = run_closed_loop(matrix[name].trace, ["stock"]).self_check
-    assert check.requests > 20 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert check.requests >= 20 and (check.recorded_only, check.loop_only) == (0, 0), check
     assert check.wait_error_p50 <= 0.02, check
     if name not in CLOSED_LOOP_P50_ONLY:
         assert check.wait_error_p90 <= 0.05 and check.loop_queue_peak == check.recorded_queue_peak, check
