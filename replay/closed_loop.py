@@ -90,7 +90,7 @@ def run_arm(
     same_for = 0
     start = loop.start
     pools = loop.pools
-    ratio = loop.ratio_rule
+    ratio, retract_every = loop.ratio_rule, loop.retract_every
     totals = state.pool_totals()
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
@@ -137,7 +137,7 @@ def run_arm(
         before = state.signature()
         state, result = apply_decision(
             state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools,
-            mixed_chunk=loop.mixed_chunk, overlap=loop.overlap, retract_every=loop.retract_every, ratio=ratio,
+            mixed_chunk=loop.mixed_chunk, overlap=loop.overlap, retract_every=retract_every, ratio=ratio,
         )
         _check_totals(totals, state, seq)
         if recorded:
@@ -202,13 +202,9 @@ def _decide(driver, p: Pass, arm: str, state: LoopState) -> Decision:
     and the request re-enters the queue at the pass's end (its entry time ranks the next one)."""
     if not driver.scheduler.enable_priority_preemption:
         return driver.decide(p, arm)
-    driver.release_frees = {r.rid: r.kv_held for r in state.running}
-    try:
-        decision = driver.decide(p, arm)
-    finally:
-        driver.release_frees = None
-    for rid in decision.released or ():
-        driver.book.requeued(rid, p.t_ns + p.dur_ns)
+    decision = driver.decide(p, arm, frees={r.rid: r.kv_held for r in state.running})
+    if decision.released:
+        driver.requeue_released(p, decision.released)
     return decision
 
 

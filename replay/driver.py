@@ -59,7 +59,7 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
-from schedtrace.replay.preemption import Releases
+from schedtrace.replay.preemption import NO_RELEASES, Releases
 from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
@@ -167,8 +167,7 @@ class PassDriver:
         self.book = ArrivalBook(header.prefix_block)  # each live request's prefix ids (note)
         self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
         self._sort_randomly = staticmethod(self._recorded_shuffle)
-        # The closed loop's KV each running request frees on a preemption (None: the recording's counts).
-        self.release_frees: dict[str, int] | None = None
+        self._releases = NO_RELEASES  # this pass's (_load); none without priority preemption
 
     def note(self, record: Arrival | Finish | Retract | Pass) -> None:
         """What a queued request carries between passes, from its arrival until its finish: its
@@ -181,11 +180,16 @@ class PassDriver:
         elif kind is Retract:
             self.book.requeued(record.rid, record.t_ns)
         elif kind is Pass:
-            requeued_at = record.t_ns + record.dur_ns
-            for released in record.released or ():
-                self.book.requeued(released.rid, requeued_at)
+            if record.released:
+                self.requeue_released(record, [r.rid for r in record.released])
         else:
             self.book.forget(record.rid)
+
+    def requeue_released(self, p: Pass, rids: list[str]) -> None:
+        """Requests ``p``'s preemption released re-enter the queue at the end of ``p``."""
+        at = p.t_ns + p.dur_ns
+        for rid in rids:
+            self.book.requeued(rid, at)
 
     @property
     def reads_history(self) -> bool:
@@ -286,7 +290,7 @@ class PassDriver:
         budget.available_chunk_tokens = available_chunk_tokens
         return adder
 
-    def _load(self, p: Pass, *, reuse: bool = False) -> tuple[list, Any, Any]:
+    def _load(self, p: Pass, *, reuse: bool = False, frees: dict[str, int] | None = None) -> tuple[list, Any, Any]:
         """Real sglang state for ``p``. ``reuse``: take Reqs from the caches
         (then the caller must ``release`` what the pass admitted)."""
         ScheduleBatch = self._ScheduleBatch
@@ -302,8 +306,8 @@ class PassDriver:
         batch.__dict__.update(self._batch_defaults)  # what its generated __init__ sets (99 stores)
         batch.reqs = running
         batch.batch_is_full = p.batch_is_full_in
-        self._releases = Releases({r.rid: r for r in p.released or ()}, self.release_frees)
         if self.scheduler.enable_priority_preemption:
+            self._releases = Releases({r.rid: r for r in p.released or ()}, frees)
             batch.release_req = partial(self._release, batch)
             batch.filter_batch = partial(keep_rows, batch)
         kv = p.kv
@@ -323,11 +327,12 @@ class PassDriver:
 
     # --------------------------------------------------------------- decide
 
-    def decide(self, p: Pass, variant: str) -> Decision:
-        """The decision the real code makes on ``p``'s inputs under ``variant``."""
+    def decide(self, p: Pass, variant: str, frees: dict[str, int] | None = None) -> Decision:
+        """The decision the real code makes on ``p``'s inputs under ``variant``. ``frees``: the KV
+        each running request frees if preemption releases it (a closed loop's; None: the recorded counts)."""
         fixes = fixes_of(variant)
         with _LOCK:
-            waiting, batch, chunked = self._load(p, reuse=True)
+            waiting, batch, chunked = self._load(p, reuse=True, frees=frees)
             s = self.scheduler
             s.waiting_queue = waiting
             s.chunked_req = chunked

@@ -249,13 +249,12 @@ def _replay_range(reader: Reader, replayer: _Replayer, start: int, stop: int | N
             note(record)
             continue
         if offset < start:
-            if kind is Pass and record.released:
-                note(record)
+            if kind is Pass:
+                note(record)  # its preemption releases
             continue
         if kind is Pass:
             replayer.on_pass(record)
-            if record.released:
-                note(record)
+            note(record)  # after the pass: a release re-queues at its end
             if on_pass is not None:
                 on_pass()
         elif kind is Aiter:

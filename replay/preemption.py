@@ -9,6 +9,7 @@ the loop's own state says that request holds (``Releases.frees``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.schema import Released
@@ -32,3 +33,6 @@ class Releases:
             raise ReplayStateError(f"preemption releases running request {rid!r}, which the recording did not")
         self.done.append(rid)
         return available + self.frees[rid], evictable
+
+
+NO_RELEASES: Final = Releases({})  # a scheduler without priority preemption never releases (counts is never called)

@@ -355,3 +355,12 @@ def test_a_preempted_request_frees_its_kv_and_queues_at_the_end_with_its_outputs
     assert [r.rid for r in after.waiting] == ["w", "b"] and after.waiting[-1].output_len == 2
     assert after.waiting[-1].kv_held == 0 and after.req_slots_free == 5 and total_kv(after) == total_kv(s)
     assert after.free >= 500 + held - 1  # freed, less the one decode token of "a"
+
+
+def test_the_ratio_defaults_are_sglangs():
+    """For traces that recorded no settings: the mirror's defaults against sglang's own."""
+    from sglang.srt.environ import envs
+
+    from schedtrace.replay import loop_ratio
+
+    assert loop_ratio._DEFAULTS == {name: getattr(envs, name).default for name in loop_ratio._DEFAULTS}

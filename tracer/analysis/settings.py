@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from schedtrace.tracer.contract.names import SGLANG_TEST_RETRACT
+
 # ServerArgs fields beyond schema.ServerArgs that a scheduling pass or the queue reads.
 SERVER_SETTINGS: Final = (
     "schedule_low_priority_values_first",
@@ -64,7 +66,7 @@ MODULE_SETTINGS: Final = {
     "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": (POLICY_MODULE, "CLIP_MAX_NEW_TOKENS"),
     "SGLANG_PREFILL_TILE_BUDGET": (POLICY_MODULE, "PREFILL_TILE_BUDGET"),
     "SGLANG_PREFILL_TILE_BUDGET_MODE": (POLICY_MODULE, "PREFILL_TILE_BUDGET_MODE"),
-    "SGLANG_TEST_RETRACT": (SCHEDULER_MODULE, "TEST_RETRACT"),
+    SGLANG_TEST_RETRACT: (SCHEDULER_MODULE, "TEST_RETRACT"),
     "SGLANG_TEST_RETRACT_NO_PREFILL_BS": (SCHEDULER_MODULE, "TEST_RETRACT_NO_PREFILL_BS"),
 }
 

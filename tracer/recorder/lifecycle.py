@@ -43,6 +43,8 @@ from typing import Any
 
 from schedtrace.tracer.contract.names import (DEFAULT_MAX_BYTES, DEFAULT_QUEUE_SIZE, FINISH_REJECTED as REJECTED,
                                               LOSS_PAUSED, error_text)
+from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
+from schedtrace.tracer.contract.names import SGLANG_TEST_RETRACT
 from schedtrace.tracer.contract.prefix_ids import block_tokens
 from schedtrace.tracer.contract.schema import Abort, Aiter, Finish, HookError, Loss, Record, Retract
 from schedtrace.tracer.recorder import pools
@@ -130,7 +132,8 @@ class Recorder:
         if self.scheduler is None:
             self.scheduler = scheduler
             self.prefix_block = block_tokens(int(getattr(scheduler, "page_size", 1) or 1))
-            self.counts_forwards = bool(getattr(sys.modules.get(type(scheduler).__module__), "TEST_RETRACT", False))
+            module, constant = MODULE_SETTINGS[SGLANG_TEST_RETRACT]
+            self.counts_forwards = bool(getattr(sys.modules.get(module), constant, False))
             if self._control is not None and self.start() is not None:
                 self._control.poll(force=True)  # off from the start: not one pass recorded
 
