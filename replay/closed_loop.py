@@ -36,6 +36,7 @@ from schedtrace.replay.loop_input import (  # re-exported: bisect and repro buil
 from schedtrace.replay.loop_state import LoopState, apply_decision, to_pass, with_outputs
 from schedtrace.replay.pass_clock import PassClock
 from schedtrace.replay.selfcheck import self_check
+from schedtrace.replay.tree_order import BlockAges
 from schedtrace.tracer.analysis.stalls import find_stalls
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
@@ -92,6 +93,8 @@ def run_arm(
     pools = loop.pools
     ratio, retract_every = loop.ratio_rule, loop.retract_every
     totals = state.pool_totals()
+    # dfs-weight breaks ties by its tree's branch order (schedtrace.replay.tree_order)
+    tie_order = BlockAges(loop.header.prefix_block, loop.arrival_records) if loop.dfs_weight else None
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
         feed.feed(state, step)
@@ -124,8 +127,10 @@ def run_arm(
                 pools=pools,
                 processed_tokens=loop.processed_at(loop.start_iteration + step),
             )
-            p = msgspec.structs.replace(p, idle_before=idle,
-                                        order=loop.draw_at(loop.start_iteration + step, p.waiting))
+            order = loop.draw_at(loop.start_iteration + step, p.waiting)
+            if order is None and tie_order is not None:
+                order = tie_order.creation_order(p.waiting)
+            p = msgspec.structs.replace(p, idle_before=idle, order=order)
             idle = 0
             decision = _decide(driver, p, arm, state)
             run.passes.append(with_outputs(p, decision, state))

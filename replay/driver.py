@@ -143,6 +143,7 @@ class PassDriver:
             req_slots=self.req_slots,
             mamba=family == MAMBA,
             sliding_window=layout.sliding_window if family == SWA else None,
+            prefix_block=header.prefix_block,
         )
         with self._config.installed():
             self.policy = SchedulePolicy(

@@ -106,6 +106,7 @@ def admit(
             step.mamba.take(req.mamba_held)
         req.prefix_len += plan.extend
         hold(req, req.prefix_len, step)
+        insert(req, step)
         if req.prefix_len >= req.fill_len:
             prefilled.append(req)
         elif rid == decision.new_chunked_rid:
@@ -133,3 +134,19 @@ def hand_over(req: LoopReq, others: Iterable[LoopReq]) -> None:
     for q in borrowers:
         if q is not heir:
             q.lender = heir.rid
+
+
+def insert(req: LoopReq, step: StepPools) -> None:
+    """A chunk or a prefill ran: processing its result, ``cache_unfinished_req`` puts its filled
+    pages in the tree (``LoopReq.tree_landing``)."""
+    if step.radix_cache:
+        req.tree_landing = req.prefix_len // step.page_size * step.page_size
+
+
+def requeue_match(req: LoopReq, step: StepPools) -> int:
+    """The prefix a retracted or preempted request matches when it is queued again: what its
+    prefills inserted, which releasing it leaves in the tree. Full-pool trees only: a hybrid
+    tree's match also needs SWA or mamba state the release gave back, so it is left at none."""
+    if step.swa is not None or step.mamba is not None:
+        return 0
+    return req.tree_len

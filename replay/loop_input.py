@@ -33,6 +33,7 @@ from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Heade
 
 
 RANDOM = "random"  # sglang's --schedule-policy that shuffles the queue every pass
+DFS_WEIGHT = "dfs-weight"  # the one whose order depends on the tree's branch order
 
 
 def queue_key(rids: Iterable[str]) -> int:
@@ -205,6 +206,10 @@ class LoopInput:
     @property
     def mixed_chunk(self) -> bool:
         return self.header.server_args.enable_mixed_chunk
+
+    @property
+    def dfs_weight(self) -> bool:
+        return self.header.server_args.schedule_policy == DFS_WEIGHT
 
     @property
     def pools(self) -> LoopPools:

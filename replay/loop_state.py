@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from schedtrace.replay.loop_admit import admission_plan, admit, hand_over
+from schedtrace.replay.loop_admit import admission_plan, admit, hand_over, insert, requeue_match
 from schedtrace.replay.loop_pass import replace_pass, to_pass, with_outputs  # re-exported
 from schedtrace.replay.loop_pools import (  # ceil_page: re-exported
     FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
@@ -72,6 +72,11 @@ class LoopReq:
     swa_held: int = 0  # page-rounded tokens held on the SWA side (paged SWA pools)
     mamba_held: int = 0  # mamba state slots held (the state and its tracking buffers)
     inflight: int = 0  # overlap scheduling: outputs of the last forward not yet processed (0 or 1)
+    # Tokens of its sequence in the radix tree. Processing a chunk's or a prefill's result inserts
+    # what it filled, page-floored (cache_unfinished_req; decode tokens are not inserted):
+    # ``tree_landing`` until then, the same step, or the next under overlap.
+    tree_len: int = 0
+    tree_landing: int = 0
 
     def growth(self, tokens: int, page_size: int) -> int:
         """Tokens it must add to its own to hold a sequence of ``tokens``."""
@@ -203,6 +208,10 @@ def apply_decision(
         state.waiting = in_order(state.waiting, decision.queue_order)
     result = StepResult()
     step = StepPools.of(state, pools, page_size, radix_cache)
+    # Under overlap the last step's results are processed after this step's retraction.
+    landed_last_step = [(r, r.tree_landing) for r in state.requests() if r.tree_landing] if overlap else []
+    for req, _ in landed_last_step:
+        req.tree_landing = 0
     if decision.released and decision.error is None:
         # Priority preemption released these before admission; _add_request_to_queue appends them.
         for rid in decision.released:
@@ -263,8 +272,24 @@ def apply_decision(
             req.inflight = 1 if id(req) in forwarded else 0
     if shrank:
         state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
+    _process_inserts(state, landed_last_step if overlap else None)
     step.store(state)
     return state, result
+
+
+def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None) -> None:
+    """The step's results reach the tree: this step's landings, or under overlap the last
+    step's (``landed``); a request retracted or preempted meanwhile is skipped, as the
+    result processor skips it."""
+    held = [*state.running, *([state.chunked] if state.chunked is not None else [])]
+    if landed is None:
+        landed = [(r, r.tree_landing) for r in held if r.tree_landing]
+        for req, _ in landed:
+            req.tree_landing = 0
+    live = set(map(id, held))
+    for req, tokens in landed:
+        if id(req) in live:
+            req.tree_len = max(req.tree_len, tokens)
 
 
 def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefilled: list[LoopReq]) -> None:
@@ -275,6 +300,7 @@ def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefil
         slide_swa(chunked, chunked.prefix_len, step, interval=0)  # extend eviction without prefix sharing
     chunked.prefix_len += decision.chunk_size
     hold(chunked, chunked.prefix_len, step)
+    insert(chunked, step)
     if chunked.prefix_len >= chunked.fill_len:
         prefilled.append(chunked)
         state.chunked = None
@@ -297,7 +323,8 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
 
     # sglang's retraction order: fewest outputs first, then the longest prompt;
     # at least one request always stays.
-    keep = sorted(decoding, key=lambda r: (r.output_len, -r.input_len), reverse=True)
+    # (processed outputs: under overlap the last forward's are not yet in output_ids)
+    keep = sorted(decoding, key=lambda r: (r.output_len - r.inflight, -r.input_len), reverse=True)
     retracted: list[LoopReq] = []
     while len(keep) > 1 and (force_retract or not fits(growth(keep))):
         force_retract = False
@@ -318,14 +345,24 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
 
 
 def _requeue(req: LoopReq, state: LoopState, step: StepPools, others: list[LoopReq]) -> None:
-    """A running request back to the queue's end with its outputs, its KV freed (retraction,
-    preemption): it prefills its prompt and outputs again."""
+    """A running request back to the queue's end with its outputs, its KV given back (retraction,
+    preemption): it prefills its prompt and outputs again.
+
+    ``release_kv_cache`` frees what the tree does not hold and unlocks the rest: what its prefills
+    inserted stays cached (evictable), and the request matches it again when it is next queued."""
     hand_over(req, others)
+    req.output_len -= req.inflight  # the result processor skips a retracted request's last output
+    req.tree_landing = 0  # and does not insert its last prefill
+    kept = requeue_match(req, step)
+    kept_own = max(min(kept, req.kv_held + req.kv_shared) - req.kv_shared, 0)
+    step.kv.give(kept_own, True)
+    req.kv_held -= kept_own
     release(req, step, cached=False)
     req.kv_tokens = 0
+    req.prefix_len = min(kept, req.fill_len - 1)
+    req.prefix_cached = None if req.lender is None else min(kept_own, req.prefix_len)
     req.kv_shared = 0
     req.lender = None
-    req.prefix_len = 0
     req.inflight = 0
     state.req_slots_free += 1
     state.waiting.append(req)

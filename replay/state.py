@@ -30,6 +30,7 @@ prefix on both sides.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from schedtrace.replay.sglang_env import ensure_sglang_importable
 
 ensure_sglang_importable()
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator  # noqa: E402
@@ -165,8 +167,10 @@ class RecordedTreeCache(BasePrefixCache):
         req_slots: Any,
         mamba: bool = False,
         sliding_window: int | None = None,
+        prefix_block: int = 0,
     ) -> None:
         self.disable = disable
+        self.prefix_block = prefix_block  # Header.prefix_block (dfs_weight_order's partial blocks)
         self.page_size = page_size
         self.token_to_kv_pool_allocator = allocator
         self.req_to_token_pool = req_slots
@@ -271,7 +275,7 @@ class RecordedTreeCache(BasePrefixCache):
     def dfs_weight_order(self, node_handles) -> list[int]:
         """sglang's own dfs-weight walk (``_dfs_weight_order``) over sglang's own ``RadixCache``,
         built from the matched prefixes: the part of the server's tree the walk weighs."""
-        return dfs_weight_order(self.root_node, node_handles, self.recorded_order)
+        return dfs_weight_order(self.root_node, node_handles, self.recorded_order, self.prefix_block)
 
     def evictable_size(self) -> int:
         return self.evictable
@@ -313,14 +317,21 @@ class RecordedTreeCache(BasePrefixCache):
         raise ReplayStateError("replay stops before eviction")
 
 
-def dfs_weight_order(root: PrefixNode, handles: list, recorded: list[int] | None = None) -> list[int]:
+def dfs_weight_order(root: PrefixNode, handles: list, recorded: list[int] | None = None, block: int = 0) -> list[int]:
     """``BasePrefixCache.dfs_weight_order`` for ``PrefixNode`` handles: each matched prefix is
     inserted into a simulated ``RadixCache`` and sglang's walk runs on it.
 
     The walk breaks a tie between sibling subtrees by the order the server's tree
     created them, history a trace does not hold; the prefixes go in in the
     recorded order (``Pass.order``, else queue order), which makes a tie fall the
-    way the server's did, while the weights and the shape are the tree's own."""
+    way the server's did, while the weights and the shape are the tree's own.
+
+    Ids name whole blocks of ``block`` tokens, so where two requests' ids first differ,
+    at a block, the tokens they still shared inside it are unknown (a 600-token system
+    prompt ends 8 tokens into block 37 of 16). ``block_shifted`` keys each block by the
+    one before it, so the two share that block as far as both matched: a match of 600
+    ends on the path of a longer one, as in the server's tree.
+    """
     tree = RadixCache.create_simulated()
     try:
         indexes = order_indexes(recorded, len(handles))
@@ -331,8 +342,8 @@ def dfs_weight_order(root: PrefixNode, handles: list, recorded: list[int] | None
         if node is root or node.tokens == 0 or id(node) in keys:
             continue
         key = node.key
-        keys[id(node)] = prefix = RadixKey(key.token_ids[: node.tokens], extra_key=key.extra_key,
-                                           cache_salt=getattr(key, "cache_salt", None))
+        keys[id(node)] = prefix = RadixKey(block_shifted(key.token_ids[: node.tokens], block),
+                                           extra_key=key.extra_key, cache_salt=getattr(key, "cache_salt", None))
         tree.insert(InsertParams(key=prefix, value=torch.empty(node.tokens, dtype=torch.bool)))
     tree_nodes = {i: tree.match_prefix(MatchPrefixParams(key=k)).last_device_node for i, k in keys.items()}
 
@@ -340,6 +351,19 @@ def dfs_weight_order(root: PrefixNode, handles: list, recorded: list[int] | None
         return tree_nodes.get(id(node), tree.root_node)
 
     return _dfs_weight_order(tree.root_node, handles, resolve)
+
+
+def block_shifted(tokens, block: int):
+    """``tokens`` with every block after the first taking the value of the block before it
+    (its id's chain up to there); unchanged without ids (``block`` 0)."""
+    if block <= 0 or len(tokens) <= block:
+        return tokens
+    values = np.asarray(tokens, dtype=np.int64)
+    shifted = values.copy()
+    shifted[block:] = values[np.arange(block, len(values)) // block * block - 1]
+    if isinstance(tokens, array):
+        return array(tokens.typecode, shifted.tobytes())
+    return shifted.tolist()
 
 
 class RecordedReqSlots:

@@ -364,3 +364,50 @@ def test_the_ratio_defaults_are_sglangs():
     from schedtrace.replay import loop_ratio
 
     assert loop_ratio._DEFAULTS == {name: getattr(envs, name).default for name in loop_ratio._DEFAULTS}
+
+
+# --- what a retracted request finds in the tree ---
+
+
+def _prefilled_then_hooked(overlap: bool, page_size: int = 1, input_len: int = 100):
+    """b prefills beside a running a; the retraction hook then retracts b (the fewer outputs)."""
+    s = state(waiting=[waiting("b", input_len, target=50)], running=[running("a", output_len=8, target=50)])
+    kw = dict(page_size=page_size, radix_cache=True, overlap=overlap, retract_every=7)
+    prefilled, _ = apply_decision(s, Decision(admitted=[("b", input_len)]), **kw)
+    prefilled.forward_ct = 14
+    return s, prefilled, apply_decision(prefilled, Decision(admitted=[]), **kw)
+
+
+def test_a_retracted_request_matches_what_its_prefill_put_in_the_tree():
+    """release_kv_cache unlocks what cache_unfinished_req inserted (it stays, evictable) and frees
+    the decode tokens; queued again, the request matches it (the dfs-weight trace: 884 of 886)."""
+    before, _, (after, result) = _prefilled_then_hooked(overlap=False)
+    assert result.retracted == ["b"]
+    back = after.waiting[0]
+    assert (back.output_len, back.prefix_len, back.prefix_cached, back.kv_held) == (1, 100, None, 0)
+    assert after.evictable == 100 and total_kv(after) == total_kv(before)
+    readmitted, _ = step(after, Decision(admitted=[("b", 1)]))
+    assert readmitted.evictable == 0 and readmitted.free == after.free - 1  # only the extend is new
+
+
+def test_the_tree_holds_whole_pages_of_a_prefill():
+    _, _, (after, _) = _prefilled_then_hooked(overlap=False, page_size=16, input_len=100)
+    assert after.waiting[0].prefix_len == 96 and after.evictable == 96
+
+
+def test_overlap_a_request_retracted_before_its_prefill_result_is_processed_matches_nothing():
+    """The result processor skips a retracted request: its prefill never reached the tree and its
+    in-flight first output is dropped (the dfs-weight trace: retracted at output 0, matched 0)."""
+    before, prefilled, (after, result) = _prefilled_then_hooked(overlap=True)
+    assert prefilled.running[-1].tree_len == 0  # inserted only when the result is processed
+    assert result.retracted == ["b"]
+    back = after.waiting[0]
+    assert (back.output_len, back.prefix_len, back.tree_landing) == (0, 0, 0)
+    assert after.evictable == 0 and total_kv(after) == total_kv(before)
+
+
+def test_overlap_a_prefill_reaches_the_tree_a_step_later():
+    s = state(waiting=[waiting("b", 100, target=50)])
+    s1, _ = overlap_step(s, Decision(admitted=[("b", 100)]))
+    s2, _ = overlap_step(s1, Decision(admitted=[]))
+    assert (s1.running[0].tree_len, s2.running[0].tree_len) == (0, 100)

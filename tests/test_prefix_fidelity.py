@@ -11,10 +11,12 @@ from __future__ import annotations
 import random
 from array import array
 
+import msgspec
 import pytest
 import torch
 
 from schedtrace.replay.driver import PassDriver
+from schedtrace.replay.tree_order import BlockAges
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.order import OrderError, in_order, order_indexes, order_runs
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, block_tokens, id_count, keyed_id, prefix_ids, split_ids
@@ -136,3 +138,63 @@ def test_random_replays_the_recorded_draw() -> None:
         p = builders.pass_record(0, waiting=waiting, kv=KvSnapshot(available=5, evictable=0), req_slots_free=4,
                                  order=runs)
         assert driver.decide(p, "stock").queue_order == runs
+
+
+def test_dfs_weight_nests_a_match_that_ends_inside_a_block_without_the_recorded_order() -> None:
+    """A family's 600-token prompt ends 8 tokens into block 37; one member's own prompt is cached
+    too (a retracted request's). The server's walk puts that deeper member before the three
+    matching 600; the closed loop has no recorded order to break ties with, so the tree's shape
+    alone must give it."""
+    rng = random.Random(5)
+    family = [rng.randrange(3, 500) for _ in range(600)]
+    tree = RadixCache.create_simulated()
+    inputs = {f"m{k}": family + [rng.randrange(3, 500) for _ in range(220)] for k in range(4)}
+    inputs["single"] = [rng.randrange(3, 500) for _ in range(300)]
+    for key in (family, inputs["m0"]):
+        tree.insert(InsertParams(key=RadixKey(array("q", key)), value=torch.empty(len(key), dtype=torch.bool)))
+    reqs = [Req(rid, "", array("q", ids), SamplingParams(max_new_tokens=50)) for rid, ids in inputs.items()]
+    queue = [reqs[1], reqs[2], reqs[3], reqs[4], reqs[0]]  # m0 queued last, as a retracted request is
+    server = SchedulePolicy("dfs-weight", tree, enable_hierarchical_cache=False, enable_priority_scheduling=False,
+                            schedule_low_priority_values_first=False)
+    entry = list(queue)
+    server.calc_priority(queue, None)
+    assert [r.rid for r in queue] == ["m0", "m1", "m2", "m3", "single"]
+
+    header = builders.header(server_args=builders.server_args(schedule_policy="dfs-weight"), prefix_block=BLOCK)
+    driver = PassDriver(header)
+    for req in entry:
+        driver.note(Arrival(0, req.rid, len(inputs[req.rid]), 50, prefix_ids=prefix_ids(KEY, inputs[req.rid], BLOCK)))
+    waiting = [WaitingReq(r.rid, len(inputs[r.rid]), 0, 50, r.prefix_len) for r in entry]
+    assert [w.prefix_len for w in waiting] == [600, 600, 600, 0, len(inputs["m0"])]
+    p = builders.pass_record(0, waiting=waiting, kv=KvSnapshot(available=200, evictable=0), req_slots_free=8)
+    assert in_order([w.rid for w in waiting], driver.decide(p, "stock").queue_order) == [r.rid for r in queue]
+
+
+def test_a_closed_loop_breaks_dfs_weight_ties_by_the_branch_the_tree_made_first() -> None:
+    """Two families' prompts cached, f0's first; one member of each waits, f1's ahead. Equal
+    weights: the server's walk takes the older branch. A closed loop has no recorded order, so
+    ``BlockAges`` ranks each match by the arrival that first carried its blocks."""
+    rng = random.Random(7)
+    prompts = {f: [rng.randrange(3, 500) for _ in range(600)] for f in ("f0", "f1")}
+    tree = RadixCache.create_simulated()
+    for f in ("f0", "f1"):
+        tree.insert(InsertParams(key=RadixKey(array("q", prompts[f])), value=torch.empty(600, dtype=torch.bool)))
+    inputs = {f"{f}m{k}": prompts[f] + [rng.randrange(3, 500) for _ in range(100)] for f in ("f0", "f1") for k in (0, 1)}
+    queue = [Req(rid, "", array("q", inputs[rid]), SamplingParams(max_new_tokens=50)) for rid in ("f1m1", "f0m1")]
+    server = SchedulePolicy("dfs-weight", tree, enable_hierarchical_cache=False, enable_priority_scheduling=False,
+                            schedule_low_priority_values_first=False)
+    server.calc_priority(queue, None)
+    assert [r.rid for r in queue] == ["f0m1", "f1m1"]
+
+    header = builders.header(server_args=builders.server_args(schedule_policy="dfs-weight"), prefix_block=BLOCK)
+    arrivals = [Arrival(t, rid, 700, 50, prefix_ids=prefix_ids(KEY, inputs[rid], BLOCK))
+                for t, rid in enumerate(["f0m0", "f1m0", "f1m1", "f0m1"])]  # the first members made the branches
+    driver = PassDriver(header)
+    for arrival in arrivals:
+        driver.note(arrival)
+    waiting = [WaitingReq(rid, 700, 0, 50, 600) for rid in ("f1m1", "f0m1")]
+    p = builders.pass_record(0, waiting=waiting, kv=KvSnapshot(available=200, evictable=0), req_slots_free=8)
+    ages = BlockAges(BLOCK, arrivals)
+    with_ages = msgspec.structs.replace(p, order=ages.creation_order(waiting))
+    assert in_order(["f1m1", "f0m1"], driver.decide(with_ages, "stock").queue_order) == ["f0m1", "f1m1"]
+    assert driver.decide(p, "stock").queue_order is None  # queue order alone keeps f1's member first
