@@ -10,7 +10,11 @@ on the scheduler thread, lengths only), and one bare admitting pass of
 
 Prints ns per arrival on the scheduler thread (now against before), the
 writer thread's ns per arrival (now against before) and per 1k tokens, and
-the encoded bytes per request with and without ids. Nothing is asserted.
+the encoded bytes per request with and without ids. Then the issue's budget: one
+admitting pass on real pools (``bench.bench_recorder``'s case, measured here)
+with as many 8k-token arrivals as it admits, as a ratio to the pass-through
+pass: ``1 + (recorder extra + arrivals x scheduler ns per arrival) / pass``,
+with ids and as before them. Nothing is asserted.
 Run: ``python -m bench.bench_prefix_ids``.
 """
 
@@ -36,6 +40,7 @@ from schedtrace.tracer.recorder.lifecycle import Recorder  # noqa: E402
 ROUNDS = 7
 PER_ROUND = 200
 LENGTHS = (1024, 8192, 32768)
+BUDGET_PROMPT = 8192  # the issue's budget: the admitting pass with 8k-token prompts arriving
 
 
 def _reqs(n: int, length: int) -> list:
@@ -89,6 +94,35 @@ def main() -> None:
               f"{writer_now:14.0f} {writer_before:8.0f} {writer_now / writer_before:7.1f} "
               f"{writer_now / length * 1000:9.0f} {bytes_now:14d} {bytes_before:7d}")
         queued.clear()
+        if length == BUDGET_PROMPT:
+            per_arrival = (sched_now, sched_before)
+    admitting_budget(*per_arrival)
+
+
+def admitting_budget(arrival_now: float, arrival_before: float) -> None:
+    """The admitting pass on real pools with its arrivals' scheduler-thread cost added."""
+    from bench import bench_recorder as br
+    from schedtrace.replay.driver import PassDriver
+    from schedtrace.testing import rig
+
+    out = tempfile.mkdtemp(prefix="schedtrace-bench-ids-pass-")
+    rec, trace = br.started_recorder(out, "bench", lambda p, f: rig.header())
+    points = rig.HookPoints()
+    arms = br.recorder_arms(points, rec)
+    driver = PassDriver(rig.header())
+    rig.prepare_scheduler(driver)
+    with driver._config.installed():
+        pools = rig.RealPools(rig.server_args(), rig.header().max_req_slots)
+        s = driver.scheduler
+        with rig.attributes(s, pools.scheduler_attributes(s)):
+            times, admitted = br.interleaved_medians(points, arms, lambda: (s, pools.reset(s)), br.ADMITTING_CALLS,
+                                                     trace.drain)
+    rec.close()
+    k, base = len(admitted), times["pass-through"]
+    for label, arrival in (("with ids", arrival_now), ("before ids", arrival_before)):
+        extra = times["extra"] + k * arrival
+        print(f"admitting pass ({k} admitted, {k} {BUDGET_PROMPT}-token arrivals), {label}: "
+              f"{1 + extra / base:.3f}x (+{extra / 1000:.1f} us on {base / 1000:.0f} us)")
 
 
 if __name__ == "__main__":
