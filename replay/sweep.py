@@ -39,7 +39,8 @@ NOTES = (
     "makes a real forward step slower, which a pass count does not show.",
     "Arrivals come at their recorded passes and every request stops at its recorded output length; "
     "clients that wait for answers would have sent differently.",
-    "A request's prefix match is the one recorded, from the pass that first saw it.",
+    "A request's prefix match is the one recorded, from the pass that first saw it; one retracted or "
+    "preempted matches what its own prefills left in the tree.",
 )
 
 
