@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from schedtrace.tracer.analysis.ranks import RankFacts, compare_ranks
+from schedtrace.tracer.analysis.ranks import compare_ranks
+from schedtrace.tracer.contract.report import RankFacts
 from schedtrace.tracer.contract.report import Report
 from schedtrace.tracer.contract.schema import Abort, Aiter, Arrival, Finish, Retract
 from schedtrace.tracer.contract.traceset import RankTrace

@@ -27,7 +27,8 @@ _EXPORTS: dict[str, str] = {
     "TraceReader": f"{_CONTRACT}.reader",
     **dict.fromkeys(("Report", "Decision", "Divergence", "Mismatch", "Fidelity", "Stall", "ArmError",
                      "ArmOutcome", "SelfCheck", "ClosedLoop", "DamagedRegion", "LostRecords", "Holes",
-                     "SweepReport", "SweepCell", "SweepArm", "load_report", "dump_report"), f"{_CONTRACT}.report"),
+                     "SweepReport", "SweepCell", "SweepArm", "BisectReport", "StallFinding", "RanksReport",
+                     "CheckReport", "CheckRow", "load_report", "dump_report"), f"{_CONTRACT}.report"),
     **dict.fromkeys(("Header", "Pass"), f"{_CONTRACT}.schema"),
     **dict.fromkeys(("SchedtraceError", "TraceError", "TraceNotFoundError", "TraceFormatError",
                      "TraceDamagedError", "TraceSetError", "TraceVersionError", "ReportMismatchError",
@@ -46,9 +47,10 @@ if TYPE_CHECKING:
                                                    TraceSetError, TraceVersionError, UsageError)
     from schedtrace.tracer.contract.opener import Trace, TraceSet, open_trace, open_traceset
     from schedtrace.tracer.contract.reader import TraceReader
-    from schedtrace.tracer.contract.report import (ArmError, ArmOutcome, ClosedLoop, DamagedRegion, Decision,
-                                                   Divergence, Fidelity, Holes, LostRecords, Mismatch, Report,
-                                                   SelfCheck, Stall, SweepArm, SweepCell, SweepReport,
+    from schedtrace.tracer.contract.report import (ArmError, ArmOutcome, BisectReport, CheckReport, CheckRow,
+                                                   ClosedLoop, DamagedRegion, Decision, Divergence, Fidelity,
+                                                   Holes, LostRecords, Mismatch, RanksReport, Report, SelfCheck,
+                                                   Stall, StallFinding, SweepArm, SweepCell, SweepReport,
                                                    dump_report, load_report)
     from schedtrace.tracer.contract.schema import Header, Pass
     from schedtrace.tracer.contract.traceset import RankTrace

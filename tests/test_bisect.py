@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from schedtrace.replay.bisect import dump_bisect, fix_subsets, run_bisect
+from schedtrace.replay.bisect import fix_subsets, run_bisect
+from schedtrace.tracer.contract.report import dump_bisect
 from schedtrace.cli import main
 
 from loop_traces import (

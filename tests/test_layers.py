@@ -8,6 +8,7 @@ without anyone remembering it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,16 @@ def test_no_import_loops() -> None:
 def test_the_loop_finder_finds_a_loop() -> None:
     assert import_loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_loops({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_json_a_command_writes_has_its_struct_in_the_report_package() -> None:
+    """A versioned Struct is a JSON a command writes: it lives in tracer/contract/report/, once."""
+    pattern = re.compile(r"^class (\w+)\(msgspec\.Struct[^)]*\):\n(?:    .*\n|\n)*?    version: int = ", re.M)
+    homes = {}
+    for module, path in product_modules().items():
+        for name in pattern.findall(path.read_text()):
+            assert name not in homes, f"{name} twice: {homes[name]} and {module}"
+            homes[name] = module
+    assert {"Report", "SweepReport", "BisectReport", "RanksReport", "CheckReport"} <= set(homes)
+    outside = {n: m for n, m in homes.items() if not m.startswith("schedtrace.tracer.contract.report.")}
+    assert not outside, outside

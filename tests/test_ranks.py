@@ -11,7 +11,8 @@ import pytest
 
 from schedtrace.cli import run
 from schedtrace.tracer.analysis import digest
-from schedtrace.tracer.analysis.ranks import IDENTITY_FIELDS, SHARED_FIELDS, RanksReport, compare_ranks
+from schedtrace.tracer.analysis.ranks import IDENTITY_FIELDS, SHARED_FIELDS, compare_ranks
+from schedtrace.tracer.contract.report import RanksReport
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.schema import (Admitted, Arrival, Candidate, Clock, Header, Idle, KvSnapshot, Loss,

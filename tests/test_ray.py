@@ -23,7 +23,8 @@ import msgspec
 import pytest
 
 from schedtrace.cli import run
-from schedtrace.replay.bisect import dump_bisect, run_bisect
+from schedtrace.replay.bisect import run_bisect
+from schedtrace.tracer.contract.report import dump_bisect
 from schedtrace.replay.closed_loop import load_input, run_arms
 from schedtrace.replay.engine import replay_trace
 from schedtrace.replay.executor import LocalExecutor

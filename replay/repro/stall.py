@@ -24,7 +24,8 @@ from pathlib import Path
 
 import msgspec
 
-from schedtrace.replay.bisect import OPEN_LOOP, StallFinding, run_bisect
+from schedtrace.replay.bisect import OPEN_LOOP, run_bisect
+from schedtrace.tracer.contract.report import StallFinding
 from schedtrace.replay.closed_loop import load_input, run_arms, scan_trace
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.pass_clock import DEFAULT_PASS_NS

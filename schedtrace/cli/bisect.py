@@ -21,7 +21,8 @@ from schedtrace.cli.holes import print_holes
 from schedtrace.cli.per_rank import exit_if_tripped, retry_note, write_reports
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural
-from schedtrace.replay.bisect import CLOSED_LOOP, OPEN_LOOP, BisectReport, StallFinding
+from schedtrace.replay.bisect import CLOSED_LOOP, OPEN_LOOP
+from schedtrace.tracer.contract.report import BisectReport, StallFinding
 from schedtrace.tracer.contract.traceset import TraceSet
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ def bisect(traces: TraceSet, rank: str | None, run_id: str | None, stall_passes:
            address: str | None) -> None:
     """Find where each stock stall of each rank of TRACE... (files, globs or directories; a rank's
     parts read as one) began and the fewest fixes that remove it."""
-    from schedtrace.replay.bisect import dump_bisect, run_bisect
+    from schedtrace.replay.bisect import run_bisect
+    from schedtrace.tracer.contract.report import dump_bisect
 
     reports: dict[str, BisectReport] = {}
     recorded: dict[str, RecordedPasses] = {}

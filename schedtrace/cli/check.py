@@ -27,39 +27,13 @@ from schedtrace.cli.options import (STDOUT, executor_for, from_pass_option, jobs
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
 from schedtrace.tracer.contract.errors import UsageError
-from schedtrace.tracer.contract.report import Report, Stall
+from schedtrace.tracer.contract.report import CheckReport, CheckRow, Report, Stall
 from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 GATES = ("none", "change", "stall", "error", "wait")
-CHECK_VERSION = 1
-
-
-class CheckRow(msgspec.Struct, kw_only=True):
-    """One trace (one rank of one run) under the two arms."""
-
-    trace: str
-    passes: int
-    changed: int  # passes (and aiter events) whose decision differs
-    first_changed: int | None
-    stalls_added: int
-    stalls_removed: int
-    errors_added: int  # passes the new arm raised on and the old did not
-    wait_p50: tuple[int, int] | None = None  # (old, new), closed loop only
-    wait_p90: tuple[int, int] | None = None
-
-
-class CheckReport(msgspec.Struct, kw_only=True):
-    version: int = CHECK_VERSION
-    old: str
-    new: str
-    arms: dict[str, str]  # each user arm: what it is and what it changes
-    fail_on: list[str]
-    rows: list[CheckRow]
-    total: CheckRow
-    tripped: list[str]  # the traces that trip the gate
 
 
 def _overlaps(a: Stall, others: list[Stall]) -> bool:

@@ -20,7 +20,8 @@ import msgspec
 
 from schedtrace.cli.options import STDOUT, json_option, write_json
 from schedtrace.cli.style import compact_table, plural, summary_console
-from schedtrace.tracer.analysis.ranks import DEFAULT_ROWS, DpReport, RankDiff, RanksReport, compare_ranks
+from schedtrace.tracer.analysis.ranks import DEFAULT_ROWS, compare_ranks
+from schedtrace.tracer.contract.report import DpReport, RankDiff, RanksReport
 from schedtrace.tracer.contract.errors import TraceSetError
 from schedtrace.tracer.contract.traceset import open_traceset
 

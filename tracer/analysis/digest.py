@@ -21,6 +21,7 @@ from typing import Any, Final, NamedTuple
 import msgspec
 
 from schedtrace.tracer.analysis.decision import recorded_decision
+from schedtrace.tracer.contract.report import ValueGroup
 from schedtrace.tracer.contract.schema import Clock, Idle, Loss, Pass, Record
 
 # Every Pass field is in exactly one of these (tests/test_ranks.py checks), so
@@ -100,19 +101,6 @@ def clock_segments(records: Iterable[tuple[int, Record]], state: ClockState) -> 
 
 
 # --- where two values differ ---------------------------------------------------
-
-
-class ValueGroup(msgspec.Struct):
-    """Ranks that hold the same value of one field."""
-
-    ranks: list[str]
-    value: Any
-
-
-class FieldDiff(msgspec.Struct):
-    field: str  # a path: waiting[3].prefix_len, kv.available, decision.admitted
-    side: str  # "input" | "output" | "header"
-    values: list[ValueGroup]  # every value once, the reference ranks' first
 
 
 def merged(groups: list[ValueGroup]) -> list[ValueGroup]:

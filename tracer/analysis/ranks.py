@@ -25,12 +25,14 @@ from typing import Any, Final
 import msgspec
 
 from schedtrace.tracer.analysis import digest
-from schedtrace.tracer.analysis.digest import ClockState, FieldDiff, Segment, ValueGroup, merged
+from schedtrace.tracer.analysis.digest import ClockState, Segment, merged
 from schedtrace.tracer.contract.errors import TraceSetError
+from schedtrace.tracer.contract.report import (
+    DpCell, DpReport, DpRow, FieldDiff, GroupFacts, Lockstep, RankDiff, RankFacts, RanksReport, ValueGroup,
+)
 from schedtrace.tracer.contract.schema import Header
 from schedtrace.tracer.contract.traceset import RankTrace
 
-REPORT_VERSION: Final = 1
 MAX_LISTED: Final = 50  # later differences listed (all are counted)
 DEFAULT_ROWS: Final = 24  # rows of the DP side-by-side timeline
 ROW_SLACK: Final = 4  # a timeline grows to this many times its rows, then counts later passes in its last
@@ -50,93 +52,6 @@ SHARED_FIELDS: Final = ("schema_version", "sglang_version", "schedtrace_version"
                         "is_hybrid_swa", "is_hybrid_mamba", "mamba_chunk_grid", "pools", "exact_chunk_fill",
                         "tp_size", "dp_size", "pp_size", "attn_tp_size", "attn_dp_size", "overlap_schedule",
                         "prefix_block", "settings")
-
-
-class RankDiff(msgspec.Struct, kw_only=True):
-    """Ranks of one group that differ, from pass clock ``clock`` for ``points`` compared points."""
-
-    group: str
-    clock: int  # scheduler pass (on the pass clock) where it starts
-    until: int  # the last pass clock of this run of the same difference
-    points: int
-    t_ns: int | None  # the reference ranks' pass time at ``clock`` (None: they were idle)
-    kind: str  # "inputs": the inputs differed already; "decision": same inputs, other decision
-    odd: list[str]  # ranks outside the reference (largest, then lowest) group
-    reference: list[str]
-    passes: dict[str, int | None]  # each rank's pass seq at ``clock`` (None: idle)
-    fields: list[FieldDiff]
-
-
-class RankFacts(msgspec.Struct, kw_only=True):
-    rank: str
-    group: str
-    files: list[str]  # file names, in part order
-    pass_records: int
-    clock: int  # scheduler passes the trace covers
-    closed_cleanly: bool
-    lost: int  # records the recorder dropped
-    lost_at: int | None  # pass clock of the first loss (compared up to there)
-
-
-class GroupFacts(msgspec.Struct, kw_only=True):
-    group: str
-    ranks: list[str]
-    compared_until: int  # pass clock up to which at least two of its ranks were compared
-    differing_points: int
-    agree: bool
-
-
-class DpCell(msgspec.Struct, kw_only=True):
-    """One DP rank over one row of the timeline."""
-
-    rank: str
-    passes: int  # scheduler passes (how far its pass clock moved)
-    idle: int  # of them idle: nothing waiting, no chunked request
-    waiting_mean: float  # over the passes with a record
-    waiting_max: int
-    running_mean: float  # over the passes with a record (an idle pass records no batch)
-    admitted: int  # requests admitted (a continuing chunk counts)
-    admitted_tokens: int  # extend tokens admitted
-
-
-class DpRow(msgspec.Struct, kw_only=True):
-    t_ns: int  # row start, since the run's earliest start
-    cells: list[DpCell]
-    idle_ranks: list[str]  # ranks whose passes in the row were all idle
-    running_imbalance: float  # max / mean of running_mean over the ranks (1.0: balanced)
-    waiting_imbalance: float
-
-
-class Lockstep(msgspec.Struct, kw_only=True):
-    """DP attention all-gathers every pass: the ranks' pass clocks must end together."""
-
-    clocks: dict[str, int]
-    exact: bool  # every rank closed cleanly and lost nothing, so the clocks are complete
-    skew: int  # highest minus lowest clock
-    broken: bool  # exact and skew > LOCKSTEP_SLACK
-
-
-class DpReport(msgspec.Struct, kw_only=True):
-    ranks: list[str]  # one rank per DP group
-    bucket_ns: int
-    rows: list[DpRow]
-    lockstep: Lockstep | None  # DP attention only
-    not_in_trace: list[str]
-
-
-class RanksReport(msgspec.Struct, kw_only=True):
-    version: int = REPORT_VERSION
-    run: str
-    mode: str  # "tp" | "dp-attention" | "dp"
-    verdict: str  # "agree" | "desync"
-    ranks: list[RankFacts]
-    groups: list[GroupFacts]
-    header_diffs: list[FieldDiff]
-    first: RankDiff | None
-    later: list[RankDiff]
-    later_total: int  # later differences found (``later`` lists at most MAX_LISTED)
-    dp: DpReport | None
-    notes: list[str]
 
 
 def run_mode(headers: Sequence[Header]) -> str:

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Final
 
-from schedtrace.tracer.analysis.ranks import DpCell, RankDiff, RanksReport
+from schedtrace.tracer.contract.report import DpCell, RankDiff, RanksReport
 
 MAX_DETAILS: Final = 5_000  # differing points kept whole per rank (every one is marked)
 

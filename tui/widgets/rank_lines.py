@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from schedtrace.tracer.analysis.ranks import DpCell, RankDiff
+from schedtrace.tracer.contract.report import DpCell, RankDiff
 from schedtrace.tui.model.damage import GapView
 from schedtrace.tui.model.marks import GLYPHS
 from schedtrace.tui.model.scan import LossAt

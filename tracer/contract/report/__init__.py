@@ -1,0 +1,123 @@
+"""Every JSON a command writes, as Structs: one home (docs/replay-report.md, docs/repro.md, docs/ranks.md).
+
+* ``run``: ``replay --json`` and the TUI's report, ``sweep --json`` (``REPORT_VERSION``);
+* ``bisect``: ``bisect --json`` (``BISECT_VERSION``);
+* ``ranks``: ``ranks --json`` (``RANKS_VERSION``);
+* ``check``: ``check --json`` (``CHECK_VERSION``).
+
+Each report carries its own ``version``; the names below are the public ones.
+"""
+
+from __future__ import annotations
+
+from schedtrace.tracer.contract.report.run import (
+    REPORT_VERSION,
+    MAX_REPORT_BYTES,
+    KIND_ADMITTED,
+    KIND_CHUNK,
+    KIND_BATCH_IS_FULL,
+    KIND_NEW_CHUNKED,
+    KIND_AITER,
+    KIND_OVER_ASK,
+    KIND_ERROR,
+    DIVERGENCE_KINDS,
+    Decision,
+    Divergence,
+    Mismatch,
+    Fidelity,
+    Stall,
+    ArmError,
+    ArmOutcome,
+    SelfCheck,
+    ClosedLoop,
+    MAX_HOLES_LISTED,
+    DamagedRegion,
+    LostRecords,
+    Holes,
+    Report,
+    SWEEP_VERSION,
+    SweepArm,
+    SweepCell,
+    SweepReport,
+    dump_report,
+    dump_sweep,
+    load_report,
+)
+from schedtrace.tracer.contract.report.bisection import (
+    BISECT_VERSION,
+    BisectReport,
+    FirstDivergence,
+    StallFinding,
+    dump_bisect,
+)
+from schedtrace.tracer.contract.report.check import (
+    CHECK_VERSION,
+    CheckReport,
+    CheckRow,
+)
+from schedtrace.tracer.contract.report.ranks import (
+    RANKS_VERSION,
+    DpCell,
+    DpReport,
+    DpRow,
+    FieldDiff,
+    GroupFacts,
+    Lockstep,
+    RankDiff,
+    RankFacts,
+    RanksReport,
+    ValueGroup,
+)
+
+__all__ = [
+    "REPORT_VERSION",
+    "MAX_REPORT_BYTES",
+    "KIND_ADMITTED",
+    "KIND_CHUNK",
+    "KIND_BATCH_IS_FULL",
+    "KIND_NEW_CHUNKED",
+    "KIND_AITER",
+    "KIND_OVER_ASK",
+    "KIND_ERROR",
+    "DIVERGENCE_KINDS",
+    "Decision",
+    "Divergence",
+    "Mismatch",
+    "Fidelity",
+    "Stall",
+    "ArmError",
+    "ArmOutcome",
+    "SelfCheck",
+    "ClosedLoop",
+    "MAX_HOLES_LISTED",
+    "DamagedRegion",
+    "LostRecords",
+    "Holes",
+    "Report",
+    "SWEEP_VERSION",
+    "SweepArm",
+    "SweepCell",
+    "SweepReport",
+    "dump_report",
+    "dump_sweep",
+    "load_report",
+    "BISECT_VERSION",
+    "BisectReport",
+    "FirstDivergence",
+    "StallFinding",
+    "dump_bisect",
+    "CHECK_VERSION",
+    "CheckReport",
+    "CheckRow",
+    "RANKS_VERSION",
+    "DpCell",
+    "DpReport",
+    "DpRow",
+    "FieldDiff",
+    "GroupFacts",
+    "Lockstep",
+    "RankDiff",
+    "RankFacts",
+    "RanksReport",
+    "ValueGroup",
+]
