@@ -44,7 +44,7 @@ def _timed(fn):
 def _ray_run(path: str, cpus: int, min_passes: int):
     """(warm-up seconds, timed seconds, per-task overhead seconds) on a Ray of ``cpus`` CPUs."""
     from schedtrace.replay.engine import replay_trace
-    from schedtrace.replay.ray_executor import RayExecutor
+    from schedtrace.replay.scale.ray_executor import RayExecutor
 
     with RayExecutor(jobs=cpus) as executor:
         executor.workers = 2  # two ranges whatever the CPUs: with one CPU they queue on one worker
@@ -59,7 +59,7 @@ def _ray_run(path: str, cpus: int, min_passes: int):
 def main(argv: list[str]) -> int:
     synthetic = int(argv[argv.index("--synthetic") + 1]) if "--synthetic" in argv else None
     from schedtrace.replay.engine import replay_trace
-    from schedtrace.replay.executor import LocalExecutor
+    from schedtrace.replay.scale.executor import LocalExecutor
     from schedtrace.tracer.contract.report import dump_report
     from schedtrace.testing.synthetic import generate
 

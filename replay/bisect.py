@@ -39,7 +39,7 @@ from typing import Final
 
 from schedtrace.replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
 from schedtrace.replay.differ import divergence_kinds
-from schedtrace.replay.executor import Executor
+from schedtrace.replay.scale.executor import Executor
 from schedtrace.tracer.analysis.holes import scan_holes
 from schedtrace.tracer.contract.report import BisectReport, Decision, FirstDivergence, Stall, StallFinding
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK

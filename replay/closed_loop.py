@@ -2,7 +2,7 @@
 
 Open-loop replay asks every arm about the *recorded* states. Here each arm
 starts from the recorded state at pass ``from_pass`` and lives with its own
-decisions: ``schedtrace.replay.loop_state`` moves the state one scheduling step at a
+decisions: ``schedtrace.replay.loop.state`` moves the state one scheduling step at a
 time, ``schedtrace.replay.driver.PassDriver`` decides each step with the real sglang
 code. Requests arrive at their recorded times (``arrive`` events, mapped to
 steps with the recorded pass clock, idle and folded passes included) and
@@ -12,13 +12,13 @@ Closed-loop pass numbers continue from ``from_pass``: pass ``from_pass + k``
 is the k-th scheduling step after it. Everything is deterministic: the same
 trace and arms give the same result.
 
-On a hybrid trace every pool evolves (``schedtrace.replay.loop_pools``: the
+On a hybrid trace every pool evolves (``schedtrace.replay.loop.pools``: the
 SWA side, the mamba state slots), and every step checks that no pool made or
 lost a unit (``LoopState.pool_totals``): a failed check is a model bug and
 raises ``ReplayStateError`` naming the pool and the pass.
 
 With a stock arm, ``run_closed_loop`` also checks that arm against the
-recording (``schedtrace.replay.selfcheck``: first-admission waits, queue
+recording (``schedtrace.replay.loop.selfcheck``: first-admission waits, queue
 peak, completion order) into ``ClosedLoop.self_check``.
 """
 
@@ -30,13 +30,13 @@ from typing import Final
 
 import msgspec
 
-from schedtrace.replay.loop_input import (  # re-exported: bisect and repro build on them
+from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
     ArrivalFeed, LoopInput, TraceScan, default_max_passes, initial_state, load_input, scan_trace,
 )
-from schedtrace.replay.loop_state import LoopState, apply_decision, to_pass, with_outputs
-from schedtrace.replay.pass_clock import PassClock
-from schedtrace.replay.selfcheck import self_check
-from schedtrace.replay.tree_order import BlockAges
+from schedtrace.replay.loop.state import LoopState, apply_decision, to_pass, with_outputs
+from schedtrace.replay.loop.clock import PassClock
+from schedtrace.replay.loop.selfcheck import self_check
+from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.tracer.analysis.stalls import find_stalls
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
@@ -93,7 +93,7 @@ def run_arm(
     pools = loop.pools
     ratio, retract_every = loop.ratio_rule, loop.retract_every
     totals = state.pool_totals()
-    # dfs-weight breaks ties by its tree's branch order (schedtrace.replay.tree_order)
+    # dfs-weight breaks ties by its tree's branch order (schedtrace.replay.loop.tree_order)
     tie_order = BlockAges(loop.header.prefix_block, loop.arrival_records) if loop.dfs_weight else None
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:

@@ -59,7 +59,7 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
-from schedtrace.replay.preemption import NO_RELEASES, Releases
+from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
 from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
@@ -199,7 +199,7 @@ class PassDriver:
 
     def _release(self, batch: Any, idx: int, remaining: int, offload_kv: bool = True) -> bool:
         """``ScheduleBatch.release_req`` under priority preemption: the pools' counts after it
-        (``schedtrace.replay.preemption``); the request is reset as sglang resets it."""
+        (``schedtrace.replay.loop.preemption``); the request is reset as sglang resets it."""
         req = batch.reqs[idx]
         pool = self.allocator if isinstance(self.allocator, RecordedAllocator) else self.allocator.full_attn_allocator
         pool.available, self.tree_cache.evictable = self._releases.counts(

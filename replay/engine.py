@@ -43,7 +43,7 @@ from schedtrace.tracer.analysis.holes import holes_warning, scan_holes
 from schedtrace.tracer.analysis.settings import unreplayed
 from schedtrace.replay.differ import aiter_fidelity_fields, divergence_kinds, fidelity_fields, order_matches
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.executor import Executor, LocalExecutor, TraceFiles, local_paths, trace_files
+from schedtrace.replay.scale.executor import Executor, LocalExecutor, TraceFiles, local_paths, trace_files
 from schedtrace.replay.hybrid import fix_notes
 from schedtrace.arms.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report

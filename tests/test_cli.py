@@ -297,7 +297,7 @@ def test_info_names_state_slots_and_no_dp_rank_on_the_kimi_sample():
 
 def test_ray_missing_is_one_line_naming_the_extra():
     """Here, not in test_ray.py (skipped without ray): ray is hidden from the import where it is installed."""
-    from schedtrace.replay.ray_executor import INSTALL_HINT
+    from schedtrace.replay.scale.ray_executor import INSTALL_HINT
 
     done = probe("replay", str(KIMI), "--ray", blocked="ray")
     assert_one_error_line(done, INSTALL_HINT)

@@ -1,4 +1,4 @@
-"""Local worker processes (schedtrace.replay.executor.LocalExecutor) stop whatever signal
+"""Local worker processes (schedtrace.replay.scale.executor.LocalExecutor) stop whatever signal
 handlers their parent installed: Ray's driver, a recorder and sglang each install one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 # worker without its writer thread), so a worker that kept it would never stop.
 SCRIPT = textwrap.dedent("""
     import signal, threading
-    from schedtrace.replay.executor import LocalExecutor
+    from schedtrace.replay.scale.executor import LocalExecutor
 
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Event().wait())
     items = list(range(-8, 0))

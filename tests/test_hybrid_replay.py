@@ -23,8 +23,8 @@ from schedtrace.replay.closed_loop import _check_totals, run_arms
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.engine import replay_trace
 from schedtrace.arms.fixes import FIX_NAMES
-from schedtrace.replay.loop_pools import LoopPools
-from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, to_pass
+from schedtrace.replay.loop.pools import LoopPools
+from schedtrace.replay.loop.state import LoopReq, LoopState, apply_decision, to_pass
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.format import TraceReader, write_trace

@@ -1,4 +1,4 @@
-"""Pure tests of the closed-loop state machine (schedtrace.replay.loop_state, PassClock).
+"""Pure tests of the closed-loop state machine (schedtrace.replay.loop.state, PassClock).
 
 No driver here: each test hands ``apply_decision`` the decision a pass would
 have made and checks the bookkeeping (KV, slots, latch, chunks, finishes).
@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from schedtrace.replay.closed_loop import PassClock
-from schedtrace.replay.loop_ratio import RatioRule
-from schedtrace.replay.loop_state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
+from schedtrace.replay.loop.ratio import RatioRule
+from schedtrace.replay.loop.state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
 from schedtrace.tracer.contract.report import Decision
 
 
@@ -361,9 +361,9 @@ def test_the_ratio_defaults_are_sglangs():
     """For traces that recorded no settings: the mirror's defaults against sglang's own."""
     from sglang.srt.environ import envs
 
-    from schedtrace.replay import loop_ratio
+    from schedtrace.replay.loop import ratio
 
-    assert loop_ratio._DEFAULTS == {name: getattr(envs, name).default for name in loop_ratio._DEFAULTS}
+    assert ratio._DEFAULTS == {name: getattr(envs, name).default for name in ratio._DEFAULTS}
 
 
 # --- what a retracted request finds in the tree ---

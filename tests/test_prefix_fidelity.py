@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.tree_order import BlockAges
+from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.order import OrderError, in_order, order_indexes, order_runs
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, block_tokens, id_count, keyed_id, prefix_ids, split_ids

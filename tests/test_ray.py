@@ -27,9 +27,9 @@ from schedtrace.replay.bisect import run_bisect
 from schedtrace.tracer.contract.report import dump_bisect
 from schedtrace.replay.closed_loop import load_input, run_arms
 from schedtrace.replay.engine import replay_trace
-from schedtrace.replay.executor import LocalExecutor
-from schedtrace.replay.sweep import run_sweep, sweep_arm
-from schedtrace.replay.sweep_grid import apply_config
+from schedtrace.replay.scale.executor import LocalExecutor
+from schedtrace.replay.scale.sweep import run_sweep, sweep_arm
+from schedtrace.replay.scale.sweep_grid import apply_config
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.report import dump_report, dump_sweep
 
@@ -37,7 +37,7 @@ from loop_traces import latch_reproduction
 from test_cli_tracesets import split_into_parts
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (its absence: test_cli.py, test_ray_missing_*)")
-from schedtrace.replay.ray_executor import RayExecutor  # noqa: E402
+from schedtrace.replay.scale.ray_executor import RayExecutor  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 SHORT = TRACES / "hybrid-mamba-kimi.trace"  # 305 passes
@@ -111,7 +111,7 @@ def test_replay_ranges_on_ray_match_one_process(executor):
 
 
 def test_replay_ships_chunks_only_when_asked(executor):
-    from schedtrace.replay.executor import trace_files
+    from schedtrace.replay.scale.executor import trace_files
 
     files = trace_files([str(SHORT)])
     assert executor.locate(files).chunks is None  # the probe: every node (this one) sees the file
@@ -135,7 +135,7 @@ def test_cli_replay_bisect_sweep_same_bytes(cluster, tmp_path):
 
 def test_a_set_of_ranks_runs_a_task_per_rank(cluster, tmp_path):
     """Two ranks of three parts each on two Ray CPUs: each rank whole in one task, the same bytes."""
-    from schedtrace.replay.set_tasks import replay_ranks
+    from schedtrace.replay.scale.set_tasks import replay_ranks
     from schedtrace.tracer.contract.traceset import open_traceset
 
     latch = latch_reproduction(tmp_path / "latch.trace")

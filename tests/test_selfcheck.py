@@ -1,4 +1,4 @@
-"""The closed loop's self-check (schedtrace.replay.selfcheck): the stock arm, run
+"""The closed loop's self-check (schedtrace.replay.loop.selfcheck): the stock arm, run
 with the real sglang code (PassDriver), against what the recording shows."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from schedtrace.replay.closed_loop import run_closed_loop
-from schedtrace.replay.selfcheck import concordance, quantile, self_check_lines, self_check_summary
+from schedtrace.replay.loop.selfcheck import concordance, quantile, self_check_lines, self_check_summary
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.schema import Admitted, Arrival, Finish, KvSnapshot, Pass, WaitingReq

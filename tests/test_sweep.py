@@ -1,4 +1,4 @@
-"""The what-if sweep (schedtrace.replay.sweep, schedtrace sweep): closed loops of each
+"""The what-if sweep (schedtrace.replay.scale.sweep, schedtrace sweep): closed loops of each
 arm over a grid of server arguments, with the real sglang code (PassDriver)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from schedtrace.cli import run
 from schedtrace.replay.closed_loop import load_input, run_closed_loop
-from schedtrace.replay.executor import LocalExecutor
-from schedtrace.replay.sweep import run_sweep, sweep_arm
-from schedtrace.replay.sweep_grid import POLICIES, REFUSED_POLICIES, apply_config, grid_cells, parse_grid
+from schedtrace.replay.scale.executor import LocalExecutor
+from schedtrace.replay.scale.sweep import run_sweep, sweep_arm
+from schedtrace.replay.scale.sweep_grid import POLICIES, REFUSED_POLICIES, apply_config, grid_cells, parse_grid
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader, write_trace

@@ -63,8 +63,8 @@ def test_repro_with_a_diff_fails_on_stock_and_passes_with_the_diff(tmp_path, mon
 @pytest.mark.timeout(900)
 def test_ray_workers_replay_a_diff_they_only_received(tmp_path, monkeypatch):
     """The file is gone and no path is inherited: the workers have the arm's text only."""
-    from schedtrace.replay.ray_executor import RayExecutor
-    from schedtrace.replay.set_tasks import replay_ranks
+    from schedtrace.replay.scale.ray_executor import RayExecutor
+    from schedtrace.replay.scale.set_tasks import replay_ranks
     from schedtrace.tracer.contract.report import dump_report
     from schedtrace.tracer.contract.traceset import open_traceset
 

@@ -28,7 +28,7 @@ from schedtrace.replay.bisect import OPEN_LOOP, run_bisect
 from schedtrace.tracer.contract.report import StallFinding
 from schedtrace.replay.closed_loop import load_input, run_arms, scan_trace
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.pass_clock import DEFAULT_PASS_NS
+from schedtrace.replay.loop.clock import DEFAULT_PASS_NS
 from schedtrace.replay.repro.ddmin import ddmin
 from schedtrace.replay.repro.shrink import inputs_only
 from schedtrace.arms.variants import parse_variant, variant_label

@@ -41,7 +41,7 @@ def _overlaps(a: Stall, others: list[Stall]) -> bool:
 
 
 def row_of(name: str, report: Report) -> CheckRow:
-    from schedtrace.replay.selfcheck import quantile
+    from schedtrace.replay.loop.selfcheck import quantile
 
     old, new = report.stalls.get(report.old, []), report.stalls.get(report.new, [])
     changed = sorted({d.pass_ for d in report.divergences})
@@ -118,7 +118,7 @@ def _reports(ranks: list[RankTrace], executor, activity: Activity, use_ray: bool
              stall_passes: int, closed_loop: bool, from_pass: int) -> list[Report]:
     from schedtrace.replay.closed_loop import run_closed_loop
     from schedtrace.replay.engine import replay_trace
-    from schedtrace.replay.set_tasks import closed_loop_on, replay_ranks
+    from schedtrace.replay.scale.set_tasks import closed_loop_on, replay_ranks
 
     if use_ray:  # the corpus spread over the cluster: a task per trace
         activity.phase(f"replaying {plural(len(ranks), 'trace')}, a Ray task each")

@@ -239,7 +239,7 @@ def write_json(target: str, data: bytes) -> None:
 
 
 def _ray_flag(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    from schedtrace.replay.ray_executor import INSTALL_HINT, ray_missing  # imports no ray
+    from schedtrace.replay.scale.ray_executor import INSTALL_HINT, ray_missing  # imports no ray
 
     if value and ray_missing():
         raise UsageError(INSTALL_HINT)  # now, before sglang is imported
@@ -262,14 +262,14 @@ def executor_for(use_ray: bool, address: str | None, jobs: int | None, activity:
     CPUs (None: the machine's) or a cluster's; a Ray started here is shut down after.
 
     ``activity`` (``progress.Activity``) draws the bar over every Ray task."""
-    from schedtrace.replay.executor import LocalExecutor
+    from schedtrace.replay.scale.executor import LocalExecutor
 
     if address is not None and not use_ray:
         raise UsageError("--address names a Ray cluster: give --ray too")
     if not use_ray:
         yield LocalExecutor(jobs or 1)
         return
-    from schedtrace.replay.ray_executor import RayExecutor
+    from schedtrace.replay.scale.ray_executor import RayExecutor
 
     joining = address or os.environ.get(RAY_ADDRESS_ENV)
     activity.phase(f"joining Ray at {joining}" if joining else "starting Ray")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 SGLANG_ENTRY = "schedtrace.replay.driver"
 
 ProgressCallback = Callable[[int, int], None]  # (passes or requests done, total), as replay.engine calls it
-TaskCallback = Callable[[int, int, int], None]  # (tasks done, submitted, retried), as replay.executor calls it
+TaskCallback = Callable[[int, int, int], None]  # (tasks done, submitted, retried), as replay.scale.executor calls it
 
 
 class Activity:

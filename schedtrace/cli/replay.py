@@ -193,7 +193,7 @@ def _replay_all(ranks: tuple[RankTrace, ...], executor, activity: Activity, use_
     from schedtrace.replay.closed_loop import run_closed_loop
     from schedtrace.replay.engine import replay_trace
     from schedtrace.replay.rank_groups import copied_report, plan_ranks
-    from schedtrace.replay.set_tasks import closed_loop_on, replay_ranks
+    from schedtrace.replay.scale.set_tasks import closed_loop_on, replay_ranks
 
     if len(ranks) > 1:
         activity.phase(f"checking that the {len(ranks)} ranks agree")

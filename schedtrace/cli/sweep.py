@@ -18,7 +18,7 @@ from schedtrace.cli.options import (DEFAULT_JOBS, STDOUT, executor_for, from_pas
 from schedtrace.cli.per_rank import retry_note
 from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural, summary_console
-from schedtrace.replay.sweep_grid import KEYS, Value, parse_grid
+from schedtrace.replay.scale.sweep_grid import KEYS, Value, parse_grid
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.names import FIXED, STOCK
 from schedtrace.tracer.contract.report import SweepArm, SweepReport
@@ -174,7 +174,7 @@ def heatmaps(report: SweepReport, metric: str, x: str, y: str | None) -> list[tu
 
 def footer_lines(report: SweepReport) -> list[str]:
     """What a what-if can and cannot tell, and the self-check to read it against."""
-    from schedtrace.replay.selfcheck import self_check_summary
+    from schedtrace.replay.loop.selfcheck import self_check_summary
 
     lines = [f"note: {n}" for n in report.notes]
     if report.self_check is not None:
@@ -229,7 +229,7 @@ def sweep(trace: Path, grid: dict[str, list[Value]], arms: list[str], json_out: 
         raise UsageError("--x and --y draw a heatmap: give --heatmap METRIC too")
     with Activity() as activity, executor_for(use_ray, address, jobs, activity) as executor:
         activity.import_sglang()
-        from schedtrace.replay.sweep import run_sweep
+        from schedtrace.replay.scale.sweep import run_sweep
 
         activity.phase("sweeping")
         report = run_sweep(trace, grid, arms, from_pass=from_pass, stall_passes=stall_passes, executor=executor,

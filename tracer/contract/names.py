@@ -32,7 +32,7 @@ MAX_TOTAL_BYTES_ENV: Final = "SCHEDTRACE_MAX_TOTAL_BYTES"  # disk budget per sch
 MODE_ENV: Final = "SCHEDTRACE_MODE"  # "file" (default) or "ring"
 RING_BYTES_ENV: Final = "SCHEDTRACE_RING_BYTES"  # ring mode: encoded bytes kept in memory
 CONTROL_FILE_ENV: Final = "SCHEDTRACE_CONTROL_FILE"  # a file holding "on" or "off"
-# `--ray` with no --address: Ray's own variable names the cluster (replay.ray_executor; README).
+# `--ray` with no --address: Ray's own variable names the cluster (replay.scale.ray_executor; README).
 RAY_ADDRESS_ENV: Final = "RAY_ADDRESS"
 RAY_MAX_RETRIES: Final = 3  # times Ray runs a task again after its worker died
 

@@ -7,7 +7,7 @@ results picklable (a sweep sends configured loop inputs and gets msgpack
 bytes back). ``workers`` is how many items can run at once, ``retried`` how
 many tasks a backend ran again after a worker died (0 locally), and
 ``locate`` says how a trace's files reach the workers (``TraceFiles``).
-The Ray backend is ``schedtrace.replay.ray_executor``.
+The Ray backend is ``schedtrace.replay.scale.ray_executor``.
 """
 
 from __future__ import annotations

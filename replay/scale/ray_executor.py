@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from schedtrace.replay.executor import TaskCallback, TraceFiles, readable_here
+from schedtrace.replay.scale.executor import TaskCallback, TraceFiles, readable_here
 from schedtrace.tracer.contract.errors import ReplayError, UsageError
 from schedtrace.tracer.contract.names import RAY_ADDRESS_ENV, RAY_MAX_RETRIES
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from schedtrace.replay.loop_pools import FULL_POOL, LoopPools
+from schedtrace.replay.loop.pools import FULL_POOL, LoopPools
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import (
     Admitted,
@@ -27,7 +27,7 @@ from schedtrace.tracer.contract.schema import (
 )
 
 if TYPE_CHECKING:
-    from schedtrace.replay.loop_state import LoopState
+    from schedtrace.replay.loop.state import LoopState
 
 
 def to_pass(

@@ -2,7 +2,7 @@
 
 One scan of the trace (``scan_trace``) gives every closed loop what it
 needs whatever its start, and the recording's own outcome the self-check
-compares the stock arm with (``schedtrace.replay.selfcheck``);
+compares the stock arm with (``schedtrace.replay.loop.selfcheck``);
 ``load_input`` turns the scan and the recorded pass at ``from_pass`` into a
 ``LoopInput``. Inputs the loop takes from the recording, as the driver takes
 the cache's inputs from a pass: each request's output length (its
@@ -20,10 +20,10 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from schedtrace.replay.loop_pools import FULL_POOL, LoopPools, swa_window_tokens
-from schedtrace.replay.loop_ratio import RatioRule
-from schedtrace.replay.loop_state import LoopReq, LoopState
-from schedtrace.replay.pass_clock import PassClock
+from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
+from schedtrace.replay.loop.ratio import RatioRule
+from schedtrace.replay.loop.state import LoopReq, LoopState
+from schedtrace.replay.loop.clock import PassClock
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader

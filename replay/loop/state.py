@@ -4,11 +4,11 @@ Pure: no sglang, no I/O. A ``LoopState`` is what a recorded ``Pass`` holds
 at entry (queue, running batch, chunked request, the ``batch_is_full`` latch,
 free and evictable KV, free request slots) plus what the loop needs to move
 it forward (each request's KV held and the output length at which it
-finishes). ``to_pass`` (``schedtrace.replay.loop_pass``) turns it into the
+finishes). ``to_pass`` (``schedtrace.replay.loop.records``) turns it into the
 ``Pass`` the driver decides on; ``apply_decision`` applies one ``Decision``
 and one forward step, as ``Scheduler.get_next_batch_to_run`` picks it:
 
-* admission (``schedtrace.replay.loop_admit``) allocates the page-rounded
+* admission (``schedtrace.replay.loop.admit``) allocates the page-rounded
   extend (evicting when free runs out) and takes a request slot; a cached
   prefix leaves the evictable count, a prefix shared with a running request
   is not allocated again;
@@ -29,7 +29,7 @@ and one forward step, as ``Scheduler.get_next_batch_to_run`` picks it:
 A pass that raised, or whose allocation cannot be met, admits nothing
 (the real allocator would have failed it); decode still runs.
 
-Hybrid traces evolve every pool (``schedtrace.replay.loop_pools``): the SWA
+Hybrid traces evolve every pool (``schedtrace.replay.loop.pools``): the SWA
 side and the mamba state slots are held per request beside the full KV,
 each admission must fit every pool, and ``pool_totals`` (free + evictable +
 held, per pool) never changes: the closed loop checks that on every step.
@@ -39,12 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from schedtrace.replay.loop_admit import admission_plan, admit, hand_over, insert, requeue_match
-from schedtrace.replay.loop_pass import replace_pass, to_pass, with_outputs  # re-exported
-from schedtrace.replay.loop_pools import (  # ceil_page: re-exported
+from schedtrace.replay.loop.admit import admission_plan, admit, hand_over, insert, requeue_match
+from schedtrace.replay.loop.records import replace_pass, to_pass, with_outputs  # re-exported
+from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
     FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
 )
-from schedtrace.replay.loop_ratio import RatioRule
+from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.tracer.contract.order import in_order
 from schedtrace.tracer.contract.report import Decision
 
@@ -66,7 +66,7 @@ class LoopReq:
     kv_tokens: int = 0  # tokens in KV (seq length held)
     kv_held: int = 0  # page-rounded tokens held
     kv_shared: int = 0  # page-rounded tokens of its prefix held by the running request it shares them with
-    lender: str | None = None  # that request (schedtrace.replay.loop_admit)
+    lender: str | None = None  # that request (schedtrace.replay.loop.admit)
     priority: int | None = None
     ignore_eos: bool = False
     swa_held: int = 0  # page-rounded tokens held on the SWA side (paged SWA pools)
@@ -104,7 +104,7 @@ class LoopState:
     mamba_evictable: int | None = None
     # Scheduler.forward_ct, counted on from the recording's (Pass.forward_ct; None: not recorded)
     forward_ct: int | None = None
-    new_token_ratio: float = 0.0  # schedtrace.replay.loop_ratio: from the recorded pass, evolved
+    new_token_ratio: float = 0.0  # schedtrace.replay.loop.ratio: from the recorded pass, evolved
 
     def copy(self) -> LoopState:
         return replace(

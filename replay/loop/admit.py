@@ -1,7 +1,7 @@
 """How an admission takes KV in a closed loop: its cached prefix, a prefix it
 shares with a running request, and the page-rounded extend.
 
-Pure: no sglang, no I/O (``schedtrace.replay.loop_state`` calls it). A
+Pure: no sglang, no I/O (``schedtrace.replay.loop.state`` calls it). A
 waiting request's prefix match is in the radix cache; locking it takes
 what of it is evictable (``prefix_cached``, from the recorded
 ``Candidate.locked_evictable``; all of it when not recorded). The rest of
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from schedtrace.replay.loop_pools import StepPools, ceil_page, hold, swa_window_tokens
+from schedtrace.replay.loop.pools import StepPools, ceil_page, hold, swa_window_tokens
 from schedtrace.tracer.contract.report import Decision
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from schedtrace.replay.loop_state import LoopReq, LoopState, StepResult
+    from schedtrace.replay.loop.state import LoopReq, LoopState, StepResult
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Pure: no sglang, no I/O. ``LoopPools`` is the fixed part (from the trace
 header: the SWA retain window or ring, the mamba slots a request takes),
 ``Pool`` one pool's free and evictable units at one step. How a step moves
-them follows sglang 0.5.23 (``schedtrace.replay.loop_state`` applies it):
+them follows sglang 0.5.23 (``schedtrace.replay.loop.state`` applies it):
 
 * full KV: admission takes the page-rounded extend, evicting when free runs out;
 * paged SWA: every new KV page is paged on the SWA side too
@@ -30,7 +30,7 @@ from schedtrace.tracer.contract.names import SGLANG_SWA_EVICTION_INTERVAL_DEFAUL
 from schedtrace.tracer.contract.schema import Header
 
 if TYPE_CHECKING:
-    from schedtrace.replay.loop_state import LoopReq, LoopState
+    from schedtrace.replay.loop.state import LoopReq, LoopState
 
 
 

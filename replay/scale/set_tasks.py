@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from schedtrace.replay.executor import Executor, TraceFiles, local_paths, trace_files
+from schedtrace.replay.scale.executor import Executor, TraceFiles, local_paths, trace_files
 from schedtrace.tracer.contract.report import ArmOutcome, ClosedLoop, Report
 from schedtrace.tracer.contract.traceset import RankTrace
 

@@ -23,7 +23,7 @@ from typing import Final, Union
 
 import msgspec
 
-from schedtrace.replay.loop_input import LoopInput
+from schedtrace.replay.loop.input import LoopInput
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.schema import Header

@@ -1,7 +1,7 @@
 """The what-if sweep: the closed loop of every arm in every cell of a configuration grid.
 
 Each cell is the trace's closed loop from the recorded arrivals, with the
-server arguments of the cell (``schedtrace.replay.sweep_grid.apply_config``)
+server arguments of the cell (``schedtrace.replay.scale.sweep_grid.apply_config``)
 driving the real sglang code (``PassDriver`` built from the cell's header)
 and sizing the state the loop evolves. Cells are independent: they run on
 an ``Executor`` (local worker processes, or Ray tasks), each
@@ -9,7 +9,7 @@ task carrying its configured loop input (no file access in a worker), and
 come back in grid order, so the report is the same bytes for any job count.
 
 Next to the cells: the self-check of the stock arm under the recorded
-configuration (``schedtrace.replay.selfcheck``), the figure a what-if
+configuration (``schedtrace.replay.loop.selfcheck``), the figure a what-if
 should be read against.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import msgspec
 
 from schedtrace.replay.closed_loop import run_arms
-from schedtrace.replay.executor import Executor, LocalExecutor
-from schedtrace.replay.loop_input import LoopInput, TraceScan, load_input, scan_trace
-from schedtrace.replay.selfcheck import quantile, self_check
-from schedtrace.replay.sweep_grid import Config, Value, apply_config, grid_cells, recorded_config
+from schedtrace.replay.scale.executor import Executor, LocalExecutor
+from schedtrace.replay.loop.input import LoopInput, TraceScan, load_input, scan_trace
+from schedtrace.replay.loop.selfcheck import quantile, self_check
+from schedtrace.replay.scale.sweep_grid import Config, Value, apply_config, grid_cells, recorded_config
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, STOCK
