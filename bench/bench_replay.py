@@ -33,8 +33,10 @@ import tempfile
 import time
 import warnings
 
+from schedtrace.tracer.contract.names import SGLANG_CPU_ENGINE_ENV  # the contract imports no sglang
+
 warnings.filterwarnings("ignore", category=UserWarning)
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+os.environ.setdefault(SGLANG_CPU_ENGINE_ENV, "1")
 
 
 def _bare_seconds(driver, passes, arm: str = "stock") -> float:
