@@ -36,7 +36,6 @@ from schedtrace.replay.loop.input import (  # re-exported: bisect and repro buil
 from schedtrace.replay.loop.state import LoopState, apply_decision, to_pass, with_outputs
 from schedtrace.replay.loop.clock import PassClock
 from schedtrace.replay.loop.selfcheck import self_check
-from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.tracer.analysis.stalls import find_stalls
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
@@ -94,7 +93,7 @@ def run_arm(
     ratio, retract_every = loop.ratio_rule, loop.retract_every
     totals = state.pool_totals()
     # dfs-weight breaks ties by its tree's branch order (schedtrace.replay.loop.tree_order)
-    tie_order = BlockAges(loop.header.prefix_block, loop.arrival_records) if loop.dfs_weight else None
+    tie_order = loop.tie_order
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
         feed.feed(state, step)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.state import LoopReq, LoopState
+from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.replay.loop.clock import PassClock
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
@@ -33,7 +34,6 @@ from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Heade
 
 
 RANDOM = "random"  # sglang's --schedule-policy that shuffles the queue every pass
-DFS_WEIGHT = "dfs-weight"  # the one whose order depends on the tree's branch order
 
 
 def queue_key(rids: Iterable[str]) -> int:
@@ -172,6 +172,7 @@ class LoopInput:
     overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
     # Every arrival record: what the driver's ArrivalBook keeps of each (prefix ids, hrrn's stamp).
     arrival_records: list[Arrival] = field(default_factory=list)
+    tie_order: BlockAges | None = field(default=None, compare=False, repr=False)  # dfs-weight's; arms share it
 
     def processed_at(self, iteration: int) -> int:
         """sglang's processed-tokens counter at scheduler pass ``iteration``: the recording's, as the
@@ -206,10 +207,6 @@ class LoopInput:
     @property
     def mixed_chunk(self) -> bool:
         return self.header.server_args.enable_mixed_chunk
-
-    @property
-    def dfs_weight(self) -> bool:
-        return self.header.server_args.schedule_policy == DFS_WEIGHT
 
     @property
     def pools(self) -> LoopPools:
@@ -274,6 +271,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         matches=matches,
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
         arrival_records=scan.arrivals,
+        tie_order=BlockAges.for_loop(header, scan.arrivals),
         draws={it: draw for (it, _), draw in zip(scan.points, scan.draws)},
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
         leaves=sorted((max(scan.clock.record_after(t_ns) - start_iteration, 0), rid)

@@ -12,11 +12,13 @@ Pure: no sglang, no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from schedtrace.tracer.contract.order import order_runs
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, split_ids
-from schedtrace.tracer.contract.schema import Arrival, WaitingReq
+from schedtrace.tracer.contract.schema import Arrival, Header, WaitingReq
+
+DFS_WEIGHT: Final = "dfs-weight"  # the policy whose order depends on the tree's branch order
 
 
 class BlockAges:
@@ -30,6 +32,11 @@ class BlockAges:
         self.ids: dict[str, bytes] = {}
         for arrival in arrivals:
             self.note(arrival)
+
+    @classmethod
+    def for_loop(cls, header: Header, arrivals: Iterable[Arrival]) -> BlockAges | None:
+        """The ages a closed loop of ``header``'s server breaks ties by; None unless it ran dfs-weight."""
+        return cls(header.prefix_block, arrivals) if header.server_args.schedule_policy == DFS_WEIGHT else None
 
     def note(self, arrival: Arrival) -> None:
         if self.block <= 0 or not arrival.prefix_ids:
