@@ -126,7 +126,7 @@ def run_arm(
                 pools=pools,
                 processed_tokens=loop.processed_at(loop.start_iteration + step),
             )
-            order = loop.draw_at(loop.start_iteration + step, p.waiting)
+            order = loop.draws.order_at(loop.start_iteration + step, p.waiting) if loop.draws else None
             if order is None and tie_order is not None:
                 order = tie_order.creation_order(p.waiting)
             p = msgspec.structs.replace(p, idle_before=idle, order=order)

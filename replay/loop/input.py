@@ -14,12 +14,10 @@ grows as a shared prefix's chunks land).
 
 from __future__ import annotations
 
-import random
-import zlib
 from bisect import bisect_left
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.state import LoopReq, LoopState
@@ -29,16 +27,7 @@ from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import FINISH_REJECTED, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL
-from schedtrace.tracer.contract.order import order_runs
 from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
-
-
-RANDOM = "random"  # sglang's --schedule-policy that shuffles the queue every pass
-
-
-def queue_key(rids: Iterable[str]) -> int:
-    """A fixed 32-bit key of a queue's rids in order (the same in every process)."""
-    return zlib.crc32("\0".join(rids).encode("utf-8", "replace"))
 
 
 # Finish reasons of a request that may leave the queue without running (an abort, a rejection).
@@ -66,8 +55,7 @@ class TraceScan:
     numbers: list[int] = field(default_factory=list)
     # Each point's Pass.processed_tokens (sglang's counter hrrn ages the queue by; None: not recorded)
     processed: list[int | None] = field(default_factory=list)
-    # Under the random policy, each point's draw: (queue_key of its waiting rows, Pass.order)
-    draws: list[tuple[int, list[int] | None]] = field(default_factory=list)
+    draws: list[Draw] = field(default_factory=list)  # under the random policy, each point's draw
     # The server ran sglang's overlap scheduler: a running request was seen without its first output
     # (its prefill's result not yet processed), which the normal loop never shows. Only for traces
     # whose header does not say (``Header.overlap_schedule`` None).
@@ -102,7 +90,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     finished_ns: dict[str, int] = {}
     ended_unrun: dict[str, int] = {}
     processed: list[int | None] = []
-    draws: list[tuple[int, list[int] | None]] = []
+    draws: list[Draw] = []
     random_policy = reader.header.server_args.schedule_policy == RANDOM
     queue_lengths: list[int] = []
     numbers: list[int] = []
@@ -126,7 +114,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             queue_lengths.append(len(record.waiting))
             processed.append(record.processed_tokens)
             if random_policy:
-                draws.append((queue_key(w.rid for w in record.waiting), record.order))
+                draws.append((tuple(w.rid for w in record.waiting), record.order))
             overlap = overlap or any(r.output_len == 0 for r in record.running)
             _note_matches(matches, index, record)
             for admitted in record.admitted:
@@ -163,8 +151,7 @@ class LoopInput:
     recorded_passes: int
     # (scheduler pass, sglang's processed-tokens counter at its entry) of each pass record
     processed_points: list[tuple[int, int]] = field(default_factory=list)
-    # Under the random policy: scheduler pass -> (queue_key of its waiting rows, the recorded draw)
-    draws: dict[int, tuple[int, list[int] | None]] = field(default_factory=dict)
+    draws: RecordedDraws = field(default_factory=RecordedDraws)  # under the random policy
     # (step, rid): a request the recording aborted or rejected before it ran leaves the queue then
     leaves: list[tuple[int, str]] = field(default_factory=list)
     # (step, rid, prefix match, its part in the evictable count), by step
@@ -182,19 +169,6 @@ class LoopInput:
         if not counts:
             return 0
         return counts[min(bisect_left(counts, (iteration, -1)), len(counts) - 1)][1]
-
-    def draw_at(self, iteration: int, waiting: list[WaitingReq]) -> list[int] | None:
-        """``Pass.order`` for a random-policy loop pass: the recording's draw where the loop's queue
-        is the recorded one at that pass (the stock arm in step with it), else a draw of its own,
-        seeded by the pass so a replay stays deterministic; None for other policies."""
-        if not self.draws:
-            return None
-        recorded = self.draws.get(iteration)
-        if recorded is not None and recorded[0] == queue_key(w.rid for w in waiting):
-            return recorded[1]
-        perm = list(range(len(waiting)))
-        random.Random(iteration).shuffle(perm)
-        return order_runs(perm)
 
     @property
     def page_size(self) -> int:
@@ -272,7 +246,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
         arrival_records=scan.arrivals,
         tie_order=BlockAges.for_loop(header, scan.arrivals),
-        draws={it: draw for (it, _), draw in zip(scan.points, scan.draws)},
+        draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
         leaves=sorted((max(scan.clock.record_after(t_ns) - start_iteration, 0), rid)
                       for rid, t_ns in scan.ended_unrun.items() if rid in known),
