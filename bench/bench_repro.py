@@ -8,13 +8,17 @@ latch; 24 waiting, 8 running):
 * repro: find the divergence, shrink it with the real code and emit the
   module (``schedtrace.replay.repro.pipeline.build``), without the pytest
   verification (its cost is the pytest processes' sglang import, not ours);
+* verification: the emitted module run on stock and under each fix, two
+  pytest processes at a time, forked from one process that imported sglang
+  once (``schedtrace.replay.repro.forkserver``), against the same runs as
+  plain ``python -m pytest`` processes, once each (``--no-verify`` skips it);
 
 printed as seconds, as a ratio over the baseline, and as the count of
 real-code calls (``PassDriver.decide``) the shrink made. Both are run
 ``--runs`` times after a warm-up; the medians are printed. Nothing here
 asserts a time.
 
-Run: ``python -m bench.bench_repro [--runs N]``.
+Run: ``python -m bench.bench_repro [--runs N] [--no-verify]``.
 """
 
 from __future__ import annotations
@@ -72,7 +76,30 @@ def main(argv: list[str]) -> int:
     print(f"find + shrink + emit:              {shrink * 1e3:9.2f} ms  ({shrink / baseline:.0f}x the replay)")
     print(f"real-code calls (PassDriver.decide): {repro.calls} (the replay of the pass: 2)")
     print(f"emitted module: {len(repro.text.splitlines())} lines")
+    if "--no-verify" not in argv:
+        _verification(repro)
     return 0
+
+
+def _verification(repro) -> None:
+    import tempfile
+
+    from schedtrace.arms.fixes import FIX_NAMES
+    from schedtrace.replay.repro.verify import run_variants
+    from schedtrace.tracer.contract.names import STOCK
+
+    variants = [STOCK, *FIX_NAMES]
+    with tempfile.TemporaryDirectory() as tmp:
+        module = Path(tmp) / "test_sample_pass867.py"
+        module.write_text(repro.text)
+        seconds = {}
+        for fork in (False, True):
+            start = time.perf_counter()
+            runs = run_variants([module], variants, fork=fork)
+            seconds[fork] = time.perf_counter() - start
+            outcomes = " ".join(f"{run.variant}:{run.outcome}" for run in runs)
+            print(f"verify, {'forked' if fork else 'plain'} processes: {seconds[fork]:7.1f} s  ({outcomes})")
+    print(f"forked / plain: {seconds[True] / seconds[False]:.2f}x ({len(variants)} variants, 2 at a time)")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from schedtrace.replay.repro.ddmin import ddmin, round_values_below, shrink_int
 from schedtrace.replay.repro.pipeline import Verdict, build
 from schedtrace.replay.repro.probe import Oracle, Probe
 from schedtrace.replay.repro.shrink import shrink_pass
-from schedtrace.replay.repro.verify import FAILED, PASSED, Run, run_variants
+from schedtrace.replay.repro.forkserver import ForkServer
+from schedtrace.replay.repro.verify import FAILED, PASSED, Run, run_pytest, run_variants
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.names import FIXES_ENV, STOCK
@@ -293,3 +294,25 @@ def test_plugin_refuses_an_unknown_fix_before_any_test_runs(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == pytest.ExitCode.USAGE_ERROR
     assert f"{FIXES_ENV}=latch,nope: unknown variant or fix 'nope'" in done.stderr
+
+
+# ------------------------------------------------------------ fork server
+
+
+def test_forked_pytest_runs_report_their_exit_output_and_timeout(tmp_path):
+    """The fork server's children are real pytest processes: exit codes, output, environment, a kill."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_env.py").write_text(
+        "import os, time\n"
+        "def test_env():\n    assert os.environ.get('PROBE') == 'one', os.environ.get('PROBE')\n"
+        "def test_slow():\n    if os.environ.get('SLOW'):\n        time.sleep(60)\n")
+    argv = ["-q", "-p", "no:cacheprovider", "test_env.py"]
+    with ForkServer() as server:
+        assert server.start()
+        assert server.run(argv, tmp_path, {**os.environ, "PROBE": "one"}, tmp_path / "a.out", 120) == 0
+        assert server.run(argv, tmp_path, {**os.environ, "PROBE": "two"}, tmp_path / "b.out", 120) == 1
+        assert "AssertionError: two" in (tmp_path / "b.out").read_text()
+        assert server.run(argv, tmp_path, {**os.environ, "PROBE": "one", "SLOW": "1"}, tmp_path / "c.out", 3) is None
+    # Without the server, the same runs as plain processes (the fallback), with the same outcomes.
+    run_ = run_pytest([tmp_path / "test_env.py"], STOCK)
+    assert run_.outcomes == {"test_env::test_env": FAILED, "test_env::test_slow": PASSED}

@@ -1,4 +1,4 @@
-"""Run an emitted test in fresh ``python -m pytest`` processes: once on stock, once per fix.
+"""Run an emitted test in fresh pytest processes: once on stock, once per fix.
 
 Each run copies the module (and any files it reads) into an empty folder
 with an empty ``pytest.ini``, so no conftest or project configuration of
@@ -6,6 +6,9 @@ the place it came from takes part: the module stands alone, as it will in
 sglang's tree. ``SCHEDTRACE_FIXES`` selects the variant (a user arm's file is copied beside the
 module and named ``./FILE``, as its user would run it); schedtrace's pytest
 plugin (``schedtrace.replay.pytest_plugin``) applies it before collection.
+The processes are forked from one that imported sglang once (``forkserver``:
+each is still a process of its own, so no variant's fix reaches another),
+or are plain ``python -m pytest`` processes where that server cannot start.
 Outcomes come from pytest's JUnit XML: a test passed, failed on an
 ``AssertionError`` (the test's own check), or broke (anything else).
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from schedtrace.arms.user import file_spelling, write_files
+from schedtrace.replay.repro.forkserver import ForkServer
 from schedtrace.tracer.contract.names import ARM_FILES_ENV, FIXES_ENV, STOCK
 
 PASSED: Final = "passes"
@@ -76,7 +80,8 @@ def _outcomes(junit: Path) -> tuple[dict[str, str], dict[str, str]]:
     return outcomes, messages
 
 
-def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path] = ()) -> Run:
+def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path] = (),
+               server: ForkServer | None = None) -> Run:
     """``SCHEDTRACE_FIXES=variant python -m pytest modules...`` in a folder of their own."""
     with tempfile.TemporaryDirectory(prefix="schedtrace-repro-") as tmp:
         work = Path(tmp)
@@ -88,22 +93,31 @@ def run_pytest(modules: list[Path], variant: str, *, extra_files: Iterable[Path]
             write_files(variant, work)  # a user arm's diff beside the test: SCHEDTRACE_FIXES=./mine.diff
             env[FIXES_ENV] = file_spelling(variant)
         junit = work / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
-                   f"--junitxml={junit}", *(m.name for m in modules)]
-        try:
-            done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
+        argv = ["-q", "-p", "no:cacheprovider", "-W", "ignore", f"--junitxml={junit}", *(m.name for m in modules)]
+        output = work / "pytest.out"
+        if server is not None:
+            code = server.run(argv, work, env, output, RUN_TIMEOUT_S)
+        else:
+            with output.open("w") as out:
+                try:
+                    code = subprocess.run([sys.executable, "-m", "pytest", *argv], cwd=work, env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
+                except subprocess.TimeoutExpired:
+                    code = None
+        if code is None:
             return Run(variant, {}, f"pytest did not finish in {RUN_TIMEOUT_S:.0f} s")
         if not junit.exists():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+            tail = output.read_text(errors="replace").strip().splitlines()[-1:] or [f"exit status {code}"]
             return Run(variant, {}, tail[0][:300])
         outcomes, messages = _outcomes(junit)
         return Run(variant, outcomes, next(iter(messages.values()), ""), messages)
 
 
 def run_variants(modules: list[Path], variants: list[str], *, jobs: int = 2,
-                 extra_files: Iterable[Path] = ()) -> list[Run]:
-    """``run_pytest`` for each variant, ``jobs`` at a time, in the order given."""
+                 extra_files: Iterable[Path] = (), fork: bool = True) -> list[Run]:
+    """``run_pytest`` for each variant, ``jobs`` at a time, in the order given
+    (``fork=False``: plain ``python -m pytest`` processes, as bench_repro compares)."""
     extra = tuple(extra_files)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda v: run_pytest(modules, v, extra_files=extra), variants))
+    with ForkServer() as server, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        forks = server if fork and server.start() else None
+        return list(pool.map(lambda v: run_pytest(modules, v, extra_files=extra, server=forks), variants))
