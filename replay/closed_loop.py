@@ -33,7 +33,7 @@ import msgspec
 from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
     ArrivalFeed, LoopInput, TraceScan, default_max_passes, initial_state, load_input, scan_trace,
 )
-from schedtrace.replay.loop.state import LoopState, apply_decision, to_pass, with_outputs
+from schedtrace.replay.loop.state import LoopState, abort_chunked, apply_decision, to_pass, with_outputs
 from schedtrace.replay.loop.clock import PassClock
 from schedtrace.replay.loop.selfcheck import self_check
 from schedtrace.tracer.analysis.stalls import find_stalls
@@ -99,6 +99,10 @@ def run_arm(
         feed.feed(state, step)
         while feed.left:  # aborted or rejected while waiting: it ends here, unrun
             run.finished_at.setdefault(feed.left.pop(), step)
+        if feed.chunk_aborted is not None:
+            state = abort_chunked(state, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools)
+            run.finished_at.setdefault(feed.chunk_aborted, step)
+            feed.chunk_aborted = None
         if state.is_idle and not state.running:
             if feed.next_arrival is None:
                 break  # every request finished and nothing more arrives

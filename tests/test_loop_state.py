@@ -13,7 +13,7 @@ import pytest
 
 from schedtrace.replay.closed_loop import PassClock
 from schedtrace.replay.loop.ratio import RatioRule
-from schedtrace.replay.loop.state import LoopReq, LoopState, apply_decision, ceil_page, to_pass
+from schedtrace.replay.loop.state import LoopReq, LoopState, abort_chunked, apply_decision, ceil_page, to_pass
 from schedtrace.tracer.contract.report import Decision
 
 
@@ -404,6 +404,38 @@ def test_overlap_a_request_retracted_before_its_prefill_result_is_processed_matc
     back = after.waiting[0]
     assert (back.output_len, back.prefix_len, back.tree_landing) == (0, 0, 0)
     assert after.evictable == 0 and total_kv(after) == total_kv(before)
+
+
+def test_overlap_a_retracted_request_still_matches_the_prefix_it_was_admitted_with():
+    """Its own prefill never reached the tree, but the prefix it matched was there already:
+    release_kv_cache unlocks it, and queued again the request matches it (the dfs-weight trace:
+    admitted with 600 of 856 cached, retracted at output 0, re-admitted with 600)."""
+    s = state(waiting=[waiting("b", 856, target=50, prefix_len=600)], running=[running("a", output_len=8, target=50)],
+              evictable=600)
+    kw = dict(page_size=1, radix_cache=True, overlap=True, retract_every=7)
+    prefilled, _ = apply_decision(s, Decision(admitted=[("b", 256)]), **kw)
+    assert prefilled.evictable == 0  # the match is locked while it runs
+    prefilled.forward_ct = 14
+    after, result = apply_decision(prefilled, Decision(admitted=[]), **kw)
+    assert result.retracted == ["b"]
+    back = after.waiting[0]
+    assert (back.output_len, back.prefix_len) == (0, 600)
+    assert after.evictable == 600 and total_kv(after) == total_kv(s)
+
+
+def test_a_client_abort_ends_the_chunked_request_and_keeps_its_landed_chunks_cached():
+    """Scheduler.process_pending_chunked_abort: at the top of the next step the chunked request
+    is released; its landed chunk stays in the tree (the mamba-lpm trace: 873 tokens to evictable,
+    the chunk in flight freed)."""
+    s = state(waiting=[waiting("c", 3000, target=3000)], free=5000, req_slots_free=2)
+    kw = dict(page_size=1, radix_cache=True)
+    first, _ = apply_decision(s, Decision(admitted=[("c", 873)], new_chunked_rid="c"), **kw)
+    second, _ = apply_decision(first, Decision(admitted=[("c", 1024)], chunk_size=1024), **kw)
+    assert second.chunked is not None and second.chunked.prefix_len == 1897
+    aborted = abort_chunked(second, **kw)
+    assert aborted.chunked is None and aborted.req_slots_free == 2
+    assert aborted.evictable == second.chunked.tree_len and total_kv(aborted) == total_kv(s)
+    assert second.chunked is not None  # the input state is untouched
 
 
 def test_overlap_a_prefill_reaches_the_tree_a_step_later():

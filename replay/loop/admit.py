@@ -98,6 +98,8 @@ def admit(
             req.kv_shared = ceil_page(req.prefix_len, page_size) - cached
             req.lender = plan.lender
         req.kv_held = step.kv.pin(cached)
+        if step.radix_cache:  # its match is in the tree already: a retraction leaves it there
+            req.tree_len = max(req.tree_len, req.prefix_len // page_size * page_size)
         window = step.pools.swa_window
         if step.swa is not None and window is not None:
             req.swa_held = step.swa.pin(swa_window_tokens(cached, window, page_size))

@@ -48,7 +48,7 @@ class TraceScan:
     # The recording's own outcome (the self-check's reference):
     admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> trace pass number first admitting it
     finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
-    ended_unrun: dict[str, int] = field(default_factory=dict)  # rid -> t_ns it was aborted or rejected, if not run
+    ended_early: dict[str, int] = field(default_factory=dict)  # rid -> t_ns it was aborted or rejected
     queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each point's pass entry
     # The pass index of each point (``pass_at``'s): 0, 1, 2, ... but past an unreadable
     # region (a reader with ``skip_damaged``), whose pass records are missing here.
@@ -88,7 +88,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     matches: dict[str, tuple[int, int, int | None]] = {}
     admitted_at: dict[str, int] = {}
     finished_ns: dict[str, int] = {}
-    ended_unrun: dict[str, int] = {}
+    ended_early: dict[str, int] = {}
     processed: list[int | None] = []
     draws: list[Draw] = []
     random_policy = reader.header.server_args.schedule_policy == RANDOM
@@ -127,12 +127,12 @@ def scan_trace(reader: TraceReader) -> TraceScan:
         elif isinstance(record, Finish):
             targets[record.rid] = record.output_len
             finished_ns.setdefault(record.rid, record.t_ns)
-            if record.reason in LEFT_THE_QUEUE and record.rid not in admitted_at:
-                ended_unrun.setdefault(record.rid, record.t_ns)
+            if record.reason in LEFT_THE_QUEUE:
+                ended_early.setdefault(record.rid, record.t_ns)
     points = by_idle_records if seen_idle_record else by_idle_before
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
-        admitted_at=admitted_at, finished_ns=finished_ns, ended_unrun=ended_unrun, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
+        admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap,
     )
 
@@ -152,7 +152,8 @@ class LoopInput:
     # (scheduler pass, sglang's processed-tokens counter at its entry) of each pass record
     processed_points: list[tuple[int, int]] = field(default_factory=list)
     draws: RecordedDraws = field(default_factory=RecordedDraws)  # under the random policy
-    # (step, rid): a request the recording aborted or rejected before it ran leaves the queue then
+    # (step, rid): a request the recording aborted or rejected: it leaves a loop's queue then, and a
+    # loop's chunked prefill (sglang's process_pending_chunked_abort); a running one ends at its finish
     leaves: list[tuple[int, str]] = field(default_factory=list)
     # (step, rid, prefix match, its part in the evictable count), by step
     matches: list[tuple[int, str, int, int | None]] = field(default_factory=list)
@@ -249,7 +250,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
         leaves=sorted((max(scan.clock.record_after(t_ns) - start_iteration, 0), rid)
-                      for rid, t_ns in scan.ended_unrun.items() if rid in known),
+                      for rid, t_ns in scan.ended_early.items() if rid in known),
     )
 
 
@@ -352,6 +353,7 @@ class ArrivalFeed:
         self._leaves = loop.leaves
         self._next_leave = 0
         self.left: list[str] = []  # requests that left the queue unrun, for the caller to take
+        self.chunk_aborted: str | None = None  # the chunked request a client aborted, for the caller to end
         self._next = self._next_match = 0
         self._revealed: dict[str, tuple[int, int | None]] = {}
         self.arrived: dict[str, int] = {r.rid: 0 for r in loop.initial.waiting}  # rid -> step it arrived
@@ -374,12 +376,14 @@ class ArrivalFeed:
         while self._next_leave < len(self._leaves) and self._leaves[self._next_leave][0] <= step:
             rid = self._leaves[self._next_leave][1]
             self._next_leave += 1
-            # Aborted or rejected while it waited in the recording: it leaves a loop's queue
-            # then too (a request this arm already runs, it keeps: its finish ends it).
+            # Aborted or rejected in the recording: it leaves a loop's queue then too, and a
+            # chunked prefill ends (a request this arm already runs, it keeps: its finish ends it).
             kept = [r for r in state.waiting if r.rid != rid]
             if len(kept) < len(state.waiting):
                 state.waiting = kept
                 self.left.append(rid)
+            elif state.chunked is not None and state.chunked.rid == rid:
+                self.chunk_aborted = rid
 
     def next_event(self, state: LoopState) -> int | None:
         """The next step something comes that can change ``state``'s decisions (None: nothing will)."""

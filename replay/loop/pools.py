@@ -164,9 +164,12 @@ def slide_swa(req: LoopReq, tokens: int, step: StepPools, interval: int) -> None
         req.swa_held = keep
 
 
-def release(req: LoopReq, step: StepPools, cached: bool) -> None:
-    """Everything ``req`` holds goes back: into the cache when it finished with a radix cache."""
-    step.kv.give(req.kv_held, cached)
+def release(req: LoopReq, step: StepPools, cached: bool, kv_cached: int | None = None) -> None:
+    """Everything ``req`` holds goes back: into the cache when it finished with a radix cache
+    (``kv_cached``: only that many of its KV tokens, the rest freed; None: all of them)."""
+    into_cache = (req.kv_held if kv_cached is None else min(kv_cached, req.kv_held)) if cached else 0
+    step.kv.give(into_cache, True)
+    step.kv.give(req.kv_held - into_cache, False)
     req.kv_held = 0
     if step.swa is not None:
         step.swa.give(req.swa_held, cached)

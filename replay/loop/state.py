@@ -277,6 +277,22 @@ def apply_decision(
     return state, result
 
 
+def abort_chunked(state: LoopState, *, page_size: int, radix_cache: bool, pools: LoopPools = FULL_POOL) -> LoopState:
+    """A client aborted the chunked request: sglang ends it at the top of the next step
+    (``Scheduler.process_pending_chunked_abort``, ``release_kv_cache``). The chunks whose results
+    landed stay in the tree (evictable); the rest, the chunk in flight included, is freed."""
+    state = state.copy()
+    req = state.chunked
+    assert req is not None
+    step = StepPools.of(state, pools, page_size, radix_cache)
+    hand_over(req, state.requests())
+    release(req, step, cached=radix_cache, kv_cached=max(req.tree_len - req.kv_shared, 0))  # a lender holds the rest
+    state.chunked = None
+    state.req_slots_free += 1
+    step.store(state)
+    return state
+
+
 def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None) -> None:
     """The step's results reach the tree: this step's landings, or under overlap the last
     step's (``landed``); a request retracted or preempted meanwhile is skipped, as the
