@@ -146,6 +146,7 @@ def run_arm(
         state, result = apply_decision(
             state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools,
             mixed_chunk=loop.mixed_chunk, overlap=loop.overlap, retract_every=retract_every, ratio=ratio,
+            prefix_block=loop.header.prefix_block,
         )
         _check_totals(totals, state, seq)
         if recorded:

@@ -438,6 +438,36 @@ def test_a_client_abort_ends_the_chunked_request_and_keeps_its_landed_chunks_cac
     assert second.chunked is not None  # the input state is untouched
 
 
+def _family(rid: str, shared: bytes, own: bytes, input_len: int = 100) -> LoopReq:
+    return replace(waiting(rid, input_len, target=50), prefix_ids=shared + own)
+
+
+def test_a_prefill_that_lands_on_a_siblings_prefix_frees_its_copy_and_shares_the_siblings():
+    """RadixCache._insert_cache frees the duplicates an insert exposes: two members of a prefix family
+    prefilled in one batch each computed the shared blocks; the second to land keeps the first's."""
+    shared, a_own, b_own = bytes(8) * 2, b"A" * 8 * 5, b"B" * 8 * 5  # 2 shared ids of 16 tokens, then their own
+    s = state(waiting=[_family("a", shared, a_own), _family("b", shared, b_own)])
+    admitted = Decision(admitted=[("a", 100), ("b", 100)])
+    after, _ = apply_decision(s, admitted, page_size=1, radix_cache=True, prefix_block=16)
+    a, b = after.running
+    assert (a.kv_held, a.kv_shared) == (100, 0) and (b.kv_held, b.kv_shared, b.lender) == (68, 32, "a")
+    assert after.free == 1000 - 200 + 32 and total_kv(after) == total_kv(s)
+    done, _ = apply_decision(replace(after, running=[replace(a, target_output=1), b]), Decision(admitted=[]),
+                             page_size=1, radix_cache=True, prefix_block=16)
+    (heir,) = done.running  # a finished: b holds the shared pages now (hand_over)
+    assert (heir.kv_held, heir.kv_shared, heir.lender) == (101, 0, None)
+    plain, _ = apply_decision(s, admitted, page_size=1, radix_cache=True)  # a trace without ids
+    assert plain.free == 800 and all(r.kv_shared == 0 for r in plain.running)
+
+
+def test_overlap_a_chunk_lands_at_the_next_pass_entry_before_that_pass_decides():
+    """get_new_batch_prefill caches the chunked request first: its chunk is in the tree when the next
+    pass's results land, overlap or not (the dfs-weight trace: a sibling's prefill found it there)."""
+    s = state(waiting=[waiting("c", 300, target=50)])
+    s1, _ = overlap_step(s, Decision(admitted=[("c", 100)], new_chunked_rid="c"))
+    assert (s1.chunked.tree_len, s1.chunked.tree_landing) == (100, 0)
+
+
 def test_overlap_a_prefill_reaches_the_tree_a_step_later():
     s = state(waiting=[waiting("b", 100, target=50)])
     s1, _ = overlap_step(s, Decision(admitted=[("b", 100)]))

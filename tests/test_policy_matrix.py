@@ -66,11 +66,13 @@ def test_stock_reproduces_every_decision_and_queue_order(matrix: dict[str, Recor
 
 
 CLOSED_LOOP_EXACT = [c.name for c in CONFIGS]
-# Open drifts, not yet explained (docs/performance.md): mamba-lpm exact in five recordings here,
-# 0.0% / 19.0% in one and 3.3% / 17.6% in another; shortest-prefill-first exact in 15 here and
-# 0.0% / 6.1% in one CI run; dfs-weight 0.0% to 4.4% at p50 and up to 14.3% at p90 over five
-# recordings. They assert a looser p50 (still failing the 21-30% of the loop before its fixes).
-CLOSED_LOOP_DRIFTING = {"mamba-lpm", "shortest-prefill-first", "dfs-weight"}
+# The one open drift (docs/performance.md): dfs-weight, 0.0% / 9.8% on a recording here, from a
+# sibling tie (two families of 3 waiting each) the server's tree broke the other way. The loop ranks
+# branches by first arrival; the server's children keep the order they entered the tree, so a branch
+# evicted and made again likely goes last, and the loop does not model which nodes an eviction takes.
+# It asserts a looser p50 (still failing the 30% of the loop before its fixes). mamba-lpm's earlier drifts were a client
+# abort of a chunked prefill, which the loop kept prefilling (replay/loop/state.py, abort_chunked).
+CLOSED_LOOP_DRIFTING = {"dfs-weight"}
 
 
 @pytest.mark.parametrize("name", CLOSED_LOOP_EXACT)
@@ -83,9 +85,8 @@ def test_the_stock_closed_loop_reproduces_the_recording(matrix: dict[str, Record
         return
     assert check.wait_error_p50 <= 0.02, check
     assert check.wait_error_p90 <= 0.05, check
-    # One off, not yet explained: fcfs-low-first once peaked at 22 for the recording's 21 (within
-    # the wait bounds; the same without the requeue match of replay/loop/admit.py).
-    assert abs(check.loop_queue_peak - check.recorded_queue_peak) <= 1, check
+    # (fcfs-low-first once peaked at 22 for 21: the chunked abort the loop kept prefilling.)
+    assert check.loop_queue_peak == check.recorded_queue_peak, check
 
 @pytest.mark.parametrize("name", ["lpm", "hrrn", "shortest-prefill-first", "mamba-lpm"])
 def test_cache_aware_policies_deprioritized_shared_prefixes(matrix: dict[str, Recorded], name: str) -> None:

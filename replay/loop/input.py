@@ -221,13 +221,16 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     known = {r.rid for r in (*initial.waiting, *initial.running)}
     if initial.chunked is not None:
         known.add(initial.chunked.rid)
+    ids = {a.rid: a.prefix_ids for a in scan.arrivals if a.prefix_ids and a.rid in known}
+    for req in initial.requests():
+        req.prefix_ids = ids.get(req.rid, b"")
     future: list[tuple[int, LoopReq]] = []
     for event in scan.arrivals:
         if event.rid in known or event.t_ns <= start.t_ns:
             continue  # already in the start state, or done with before it
         known.add(event.rid)
         step = max(1, scan.clock.record_after(event.t_ns) - start_iteration)
-        future.append((step, _loop_req(event, scan.targets, priority=event.priority)))
+        future.append((step, _loop_req(event, scan.targets, priority=event.priority, prefix_ids=event.prefix_ids)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
     matches = sorted(
         (scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)
@@ -260,7 +263,7 @@ def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
 
 
 def _loop_req(
-    row: Arrival | WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | None
+    row: Arrival | WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | bytes | None
 ) -> LoopReq:
     """A recorded request (arrival or queue row) as loop state; ``state`` is what differs."""
     return LoopReq(

@@ -46,6 +46,7 @@ from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
 )
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.tracer.contract.order import in_order
+from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES
 from schedtrace.tracer.contract.report import Decision
 
 __all__ = ["LoopReq", "LoopState", "StepResult", "apply_decision", "ceil_page", "replace_pass", "to_pass",
@@ -77,6 +78,7 @@ class LoopReq:
     # ``tree_landing`` until then, the same step, or the next under overlap.
     tree_len: int = 0
     tree_landing: int = 0
+    prefix_ids: bytes = b""  # Arrival.prefix_ids: an id per Header.prefix_block tokens (b"": not recorded)
 
     def growth(self, tokens: int, page_size: int) -> int:
         """Tokens it must add to its own to hold a sequence of ``tokens``."""
@@ -182,6 +184,7 @@ def apply_decision(
     overlap: bool = False,
     retract_every: int = 0,
     ratio: RatioRule | None = None,
+    prefix_block: int = 0,
 ) -> tuple[LoopState, StepResult]:
     """The state at the next pass's entry after ``decision`` and one forward step.
 
@@ -201,6 +204,9 @@ def apply_decision(
     (``update_running_batch``), counted by ``state.forward_ct``.
 
     ``ratio``: how ``state.new_token_ratio`` evolves (None: it holds).
+
+    ``prefix_block``: tokens per prefix id (``Header.prefix_block``; 0: the trace has none, and
+    an insert is taken to hold no tokens the tree had already).
     """
     state = state.copy()
     if decision.queue_order is not None and decision.error is None:
@@ -272,7 +278,7 @@ def apply_decision(
             req.inflight = 1 if id(req) in forwarded else 0
     if shrank:
         state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
-    _process_inserts(state, landed_last_step if overlap else None)
+    _process_inserts(state, landed_last_step if overlap else None, step, prefix_block)
     step.store(state)
     return state, result
 
@@ -293,19 +299,64 @@ def abort_chunked(state: LoopState, *, page_size: int, radix_cache: bool, pools:
     return state
 
 
-def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None) -> None:
+def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None, step: StepPools,
+                     prefix_block: int) -> None:
     """The step's results reach the tree: this step's landings, or under overlap the last
-    step's (``landed``); a request retracted or preempted meanwhile is skipped, as the
-    result processor skips it."""
+    step's (``landed``), in batch order; a request retracted or preempted meanwhile is skipped,
+    as the result processor skips it."""
     held = [*state.running, *([state.chunked] if state.chunked is not None else [])]
     if landed is None:
         landed = [(r, r.tree_landing) for r in held if r.tree_landing]
         for req, _ in landed:
             req.tree_landing = 0
+    chunked = state.chunked
+    if chunked is not None and chunked.tree_landing:
+        # A chunk lands after the step's results: get_new_batch_prefill's cache_unfinished_req at
+        # the next pass's entry, overlap or not.
+        landed = [*(item for item in landed if item[0] is not chunked), (chunked, chunked.tree_landing)]
+        chunked.tree_landing = 0
     live = set(map(id, held))
+    in_tree = [r for r in held if r.tree_len > 0]
     for req, tokens in landed:
-        if id(req) in live:
-            req.tree_len = max(req.tree_len, tokens)
+        if id(req) not in live:
+            continue
+        if prefix_block and tokens > req.tree_len and step.swa is None and step.mamba is None:
+            _share_duplicates(req, tokens, in_tree, step, prefix_block)
+        req.tree_len = max(req.tree_len, tokens)
+        in_tree.append(req)
+
+
+def common_tokens(a: bytes, b: bytes, block: int) -> int:
+    """Tokens two prompts are known to share: their leading equal prefix ids, in whole blocks."""
+    low, high = 0, min(len(a), len(b)) // PREFIX_ID_BYTES  # equal ids: at least low, at most high
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[: mid * PREFIX_ID_BYTES] == b[: mid * PREFIX_ID_BYTES]:
+            low = mid
+        else:
+            high = mid - 1
+    return low * block
+
+
+def _share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: StepPools, block: int) -> None:
+    """``cache_unfinished_req``: what ``req`` inserts that the tree holds already (a sibling of its
+    prefix family landed first, in this batch or before) is freed, and ``req`` locks the sibling's
+    pages instead: it shares them as it would a match."""
+    best, source = 0, None
+    for other in in_tree:
+        if other is not req and other.prefix_ids:
+            shared = min(common_tokens(req.prefix_ids, other.prefix_ids, block), other.tree_len)
+            if shared > best:
+                best, source = shared, other
+    duplicate = min(best, tokens) // step.page_size * step.page_size - req.tree_len
+    duplicate = min(duplicate, req.kv_held)
+    if source is None or duplicate <= 0:
+        return
+    step.kv.give(duplicate, False)
+    req.kv_held -= duplicate
+    req.kv_shared += duplicate
+    if req.lender is None:
+        req.lender = source.lender or source.rid  # the one that holds the pages
 
 
 def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefilled: list[LoopReq]) -> None:
