@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from schedtrace.tracer.contract.names import SGLANG_TEST_RETRACT
+from schedtrace.tracer.contract.names import (
+    SGLANG_SWA_EVICTION_INTERVAL_ENV, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL,
+)
 
 # ServerArgs fields beyond schema.ServerArgs that a scheduling pass or the queue reads.
 SERVER_SETTINGS: Final = (
@@ -51,8 +53,8 @@ ENV_SETTINGS: Final = (
     "SGLANG_ENABLE_WAITING_PREFIX_REFRESH",
     "SGLANG_RADIX_FORCE_MISS",
     "SGLANG_EXACT_CHUNK_FILL",
-    "SGLANG_TEST_RETRACT_INTERVAL",
-    "SGLANG_SWA_EVICTION_INTERVAL",
+    SGLANG_TEST_RETRACT_INTERVAL,
+    SGLANG_SWA_EVICTION_INTERVAL_ENV,
     "SGLANG_REQ_WAITING_TIMEOUT",
     "SGLANG_REQ_RUNNING_TIMEOUT",
 )
@@ -91,10 +93,10 @@ OPEN_LOOP_NEUTRAL: Final = {
     "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "the ratio's evolution: every pass records the ratio it used",
     "SGLANG_RETRACT_DECODE_STEPS": "retraction runs in decode; the trace records each retract",
     "SGLANG_MAX_NEW_TOKENS_LIMIT": "applied at arrival; the recorded max_new_tokens already hold it",
-    "SGLANG_TEST_RETRACT_INTERVAL": "retraction runs in decode; the trace records each retract",
+    SGLANG_TEST_RETRACT_INTERVAL: "retraction runs in decode; the trace records each retract",
     "SGLANG_REQ_WAITING_TIMEOUT": "a timeout aborts outside the pass; the trace records the abort",
     "SGLANG_REQ_RUNNING_TIMEOUT": "a timeout aborts outside the pass; the trace records the abort",
-    "SGLANG_SWA_EVICTION_INTERVAL": "eviction between passes: the recorded counts already hold it (the closed loop reads it)",
+    SGLANG_SWA_EVICTION_INTERVAL_ENV: "eviction between passes: the recorded counts already hold it (the closed loop reads it)",
     "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "touches LRU recency only; the recorded matches hold the tree",
     "radix_eviction_policy": "eviction order between passes: the recorded counts and matches hold it",
     "retraction_policy": "retraction runs in decode; the trace records each retract",
