@@ -17,6 +17,7 @@ watched through pidfds, so any number run at once.
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import selectors
@@ -25,6 +26,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import IO, Final
 
@@ -66,10 +68,6 @@ def serve() -> None:
     from schedtrace.replay.sglang_env import ensure_sglang_importable
 
     ensure_sglang_importable()
-    import importlib
-
-    from importlib.metadata import entry_points
-
     for name in PRELOAD:
         importlib.import_module(name)
     for plugin in entry_points(group="pytest11"):  # pytest loads them in each child: about 3 s
