@@ -307,7 +307,7 @@ def test_forked_pytest_runs_report_their_exit_output_and_timeout(tmp_path):
         "def test_env():\n    assert os.environ.get('PROBE') == 'one', os.environ.get('PROBE')\n"
         "def test_slow():\n    if os.environ.get('SLOW'):\n        time.sleep(60)\n")
     argv = ["-q", "-p", "no:cacheprovider", "test_env.py"]
-    with ForkServer() as server:
+    with ForkServer(preload=["pytest"]) as server:  # what these runs need: no sglang
         assert server.start()
         assert server.run(argv, tmp_path, {**os.environ, "PROBE": "one"}, tmp_path / "a.out", 120) == 0
         assert server.run(argv, tmp_path, {**os.environ, "PROBE": "two"}, tmp_path / "b.out", 120) == 1

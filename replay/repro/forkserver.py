@@ -63,12 +63,12 @@ def _child(request: dict) -> None:
         os._exit(code)
 
 
-def serve() -> None:
-    """The server's loop: fork a child per request line, report each child's end."""
+def serve(preload: Sequence[str] = PRELOAD) -> None:
+    """The server's loop: import ``preload``, then fork a child per request line, report each child's end."""
     from schedtrace.replay.sglang_env import ensure_sglang_importable
 
     ensure_sglang_importable()
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     for plugin in entry_points(group="pytest11"):  # pytest loads them in each child: about 3 s
         try:
@@ -120,7 +120,8 @@ class ForkServer:
     ``pidfd_open`` here, or sglang fails to import in it); callers then
     run ``python -m pytest`` processes as before."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
+        self.preload = tuple(preload)
         self._process: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
@@ -131,7 +132,7 @@ class ForkServer:
         if not hasattr(os, "pidfd_open") or not hasattr(os, "fork"):
             return False
         self._process = subprocess.Popen(
-            [sys.executable, "-W", "ignore", "-m", "schedtrace.replay.repro.forkserver"], stdin=subprocess.PIPE,
+            [sys.executable, "-W", "ignore", "-m", "schedtrace.replay.repro.forkserver", *self.preload], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         ready: Future[bool] = Future()
         threading.Thread(target=self._read, args=(self._process.stdout, ready), daemon=True).start()
@@ -197,4 +198,4 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:] or PRELOAD)
