@@ -461,8 +461,9 @@ def test_a_prefill_that_lands_on_a_siblings_prefix_frees_its_copy_and_shares_the
 
 
 def test_overlap_a_chunk_lands_at_the_next_pass_entry_before_that_pass_decides():
-    """get_new_batch_prefill caches the chunked request first: its chunk is in the tree when the next
-    pass's results land, overlap or not (the dfs-weight trace: a sibling's prefill found it there)."""
+    """The next pass stashes the chunked request first (stash_chunked_request): its chunk is in the
+    tree when that pass's results land, overlap or not (the dfs-weight trace: a sibling's prefill
+    found it there)."""
     s = state(waiting=[waiting("c", 300, target=50)])
     s1, _ = overlap_step(s, Decision(admitted=[("c", 100)], new_chunked_rid="c"))
     assert (s1.chunked.tree_len, s1.chunked.tree_landing) == (100, 0)

@@ -311,8 +311,8 @@ def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None,
             req.tree_landing = 0
     chunked = state.chunked
     if chunked is not None and chunked.tree_landing:
-        # A chunk lands after the step's results: get_new_batch_prefill's cache_unfinished_req at
-        # the next pass's entry, overlap or not.
+        # A chunk lands after the step's results: the next pass stashes it (stash_chunked_request,
+        # a tree checkpoint) before it decides, overlap or not.
         landed = [*(item for item in landed if item[0] is not chunked), (chunked, chunked.tree_landing)]
         chunked.tree_landing = 0
     live = set(map(id, held))
@@ -339,9 +339,9 @@ def common_tokens(a: bytes, b: bytes, block: int) -> int:
 
 
 def _share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: StepPools, block: int) -> None:
-    """``cache_unfinished_req``: what ``req`` inserts that the tree holds already (a sibling of its
-    prefix family landed first, in this batch or before) is freed, and ``req`` locks the sibling's
-    pages instead: it shares them as it would a match."""
+    """``RadixCache._insert_cache`` (a checkpoint): what ``req`` inserts that the tree holds already
+    (a sibling of its prefix family landed first, in this batch or before) is freed, and ``req``
+    locks the sibling's pages instead: it shares them as it would a match."""
     best, source = 0, None
     for other in in_tree:
         if other is not req and other.prefix_ids:
