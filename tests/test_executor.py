@@ -28,3 +28,34 @@ def test_workers_stop_though_the_parent_handles_sigterm_forever():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "stopped"
+
+
+# One worker is slow to start (a loaded machine): the caller leaves on the other's first result, so
+# the pool's terminate reaches the slow one before its initializer reset the handlers.
+SLOW_START = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from schedtrace.replay.scale import executor
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Event().wait())
+    reset, flag = executor._default_stop_signals, sys.argv[1]
+
+    def slow_for_one():
+        try:
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+            time.sleep(3)  # the first worker to start
+        except FileExistsError:
+            pass
+        reset()
+
+    executor._default_stop_signals = slow_for_one
+    for first in executor.LocalExecutor(2).map(abs, list(range(-8, 0))):
+        break
+    print("stopped")
+""")
+
+
+def test_a_worker_told_to_stop_before_it_reset_its_handlers_stops(tmp_path):
+    done = subprocess.run([sys.executable, "-c", SLOW_START, str(tmp_path / "first")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "stopped"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -141,7 +142,7 @@ class LocalExecutor:
             yield from map(fn, items)
             return
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-        pool = context.Pool(workers, initializer=_default_stop_signals)
+        pool = _pool(context, workers)
         try:
             # chunksize 1: cells take seconds each, and uneven ones should not queue behind each other
             yield from pool.imap(fn, items, chunksize=1)
@@ -154,10 +155,27 @@ class LocalExecutor:
             pool.join()
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _pool(context, workers: int):
+    """A pool whose workers start with the stop signals blocked until they reset them: a
+    ``terminate`` that comes before a worker ran its initializer (the caller left at once,
+    on a loaded machine) would otherwise run the parent's handler there, and ``join`` wait
+    on it (a CI run hung so)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return context.Pool(workers, initializer=_default_stop_signals)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # pending, not lost, meanwhile
+    try:
+        return context.Pool(workers, initializer=_default_stop_signals)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _default_stop_signals() -> None:
     """A forked worker inherits its parent's Python handlers (Ray's driver exits through
     ``sys.exit``, a recorder closes its trace); a worker told to stop must simply stop."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a terminate sent meanwhile lands now
