@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from schedtrace.replay.loop.pools import StepPools, ceil_page, hold, swa_window_tokens
+from schedtrace.replay.loop.pools import StepPools, ceil_page, floor_page, hold, swa_window_tokens
 from schedtrace.tracer.contract.report import Decision
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def admit(
             req.lender = plan.lender
         req.kv_held = step.kv.pin(cached)
         if step.radix_cache:  # its match is in the tree already: a retraction leaves it there
-            req.tree_len = max(req.tree_len, req.prefix_len // page_size * page_size)
+            req.tree_len = max(req.tree_len, floor_page(req.prefix_len, page_size))
         window = step.pools.swa_window
         if step.swa is not None and window is not None:
             req.swa_held = step.swa.pin(swa_window_tokens(cached, window, page_size))
@@ -142,7 +142,7 @@ def insert(req: LoopReq, step: StepPools) -> None:
     """A chunk or a prefill ran: processing its result, ``cache_unfinished_req`` puts its filled
     pages in the tree (``LoopReq.tree_landing``)."""
     if step.radix_cache:
-        req.tree_landing = req.prefix_len // step.page_size * step.page_size
+        req.tree_landing = floor_page(req.prefix_len, step.page_size)
 
 
 def requeue_match(req: LoopReq, step: StepPools) -> int:

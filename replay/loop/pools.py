@@ -111,6 +111,11 @@ def ceil_page(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size) * page_size
 
 
+def floor_page(tokens: int, page_size: int) -> int:
+    """``tokens`` in whole pages: what a radix tree holds of them."""
+    return tokens // page_size * page_size
+
+
 def swa_window_tokens(tokens: int, window: int, page_size: int) -> int:
     """SWA tokens a request keeps of ``tokens``: its window, page-rounded."""
     return min(tokens, -(-window // page_size) * page_size)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from schedtrace.replay.loop.admit import admission_plan, admit, hand_over, insert, requeue_match
 from schedtrace.replay.loop.records import replace_pass, to_pass, with_outputs  # re-exported
 from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
-    FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
+    FULL_POOL, LoopPools, StepPools, ceil_page, floor_page, hold, release, slide_swa,
 )
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.tracer.contract.order import in_order
@@ -348,7 +348,7 @@ def _share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: S
             shared = min(common_tokens(req.prefix_ids, other.prefix_ids, block), other.tree_len)
             if shared > best:
                 best, source = shared, other
-    duplicate = min(best, tokens) // step.page_size * step.page_size - req.tree_len
+    duplicate = floor_page(min(best, tokens), step.page_size) - req.tree_len
     duplicate = min(duplicate, req.kv_held)
     if source is None or duplicate <= 0:
         return
