@@ -27,11 +27,12 @@ from schedtrace.replay.loop.pools import LoopPools
 from schedtrace.replay.loop.state import LoopReq, LoopState, apply_decision, to_pass
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import ReplayStateError
-from schedtrace.tracer.contract.format import TraceReader, write_trace
+from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import (
     Admitted, ChunkedReq, Header, KvSnapshot, Pass, PoolLayout, RunningReq, WaitingReq,
 )
+from schedtrace.tracer.sandbox.server import SandboxServer
 
 SWA_LAYOUT = PoolLayout("SWATokenToKVPoolAllocator", "UnifiedRadixCache", 40000, swa_size=32000, sliding_window=128)
 MAMBA_LAYOUT = PoolLayout("TokenToKVPoolAllocator", "UnifiedRadixCache", 40000, mamba_size=48,
@@ -312,28 +313,27 @@ def test_closed_loop_on_a_real_hybrid_trace_evolves_every_pool(tmp_path: Path, f
 # --- live hybrid sandboxes -----------------------------------------------------------------
 
 
-@pytest.mark.own_server  # one hybrid server at a time, started and stopped here
 @pytest.mark.parametrize("model, family", [("hybrid-mamba", "mamba"), ("hybrid-swa", "swa")])
-def test_stock_replays_a_live_hybrid_overload_trace_exactly(tmp_path: Path, model: str, family: str) -> None:
+def test_stock_replays_a_live_hybrid_overload_trace_exactly(
+    hybrid_sandboxes: dict[str, SandboxServer], model: str, family: str
+) -> None:
     """16 prompts of 0.5k-2.5k tokens at once on the model's overload (1k chunks, a 16k pool):
-    chunks, queueing and pool pressure; every recorded pass replays exactly."""
+    chunks, queueing and pool pressure; every pass of the shared server's trace so far replays
+    exactly (its other tests' loads included)."""
     from conftest import generate
+    from test_sandbox_hybrid import traced
 
-    from schedtrace.tracer.sandbox.server import SandboxServer
-
+    server = hybrid_sandboxes[model]
     lens = [500 + (k * 389) % 2000 for k in range(16)]
-    with SandboxServer(model=model, overload=True, trace_dir=tmp_path / "traces", log_path=tmp_path / "log") as server:
-        with ThreadPoolExecutor(len(lens)) as pool:
-            list(pool.map(lambda k: generate(server, f"hybrid-{family}-{k}", lens[k], 24), range(len(lens))))
-    traces = sorted((tmp_path / "traces").glob("*.trace"))
-    assert traces, f"no trace in {tmp_path / 'traces'}"
-    for trace in traces:
-        with TraceReader(trace) as reader:
-            header = reader.header
-            passes = [r for _, r in reader.records() if isinstance(r, Pass)]
-        assert header.pools is not None and (header.is_hybrid_mamba if family == "mamba" else header.is_hybrid_swa)
-        other = [p.kv.mamba_available if family == "mamba" else p.kv.swa_available for p in passes]
-        assert passes and None not in other
-        assert_faithful(trace)
-        runs = run_arms(trace, ["stock", "fixed"])  # the pool self-check runs on every step
-        assert all(run.outcome.exceptions == 0 and run.outcome.unfinished == 0 for run in runs.values())
+    rids = [f"hybrid-replay-{family}-{k}" for k in range(len(lens))]
+    with ThreadPoolExecutor(len(lens)) as pool:
+        list(pool.map(lambda k: generate(server, rids[k], lens[k], 24), range(len(lens))))
+    header, records = traced(server.trace_dir, set(rids))  # once every finish is written
+    (trace,) = sorted(server.trace_dir.glob("*.trace"))
+    passes = [r for r in records if isinstance(r, Pass)]
+    assert header.pools is not None and (header.is_hybrid_mamba if family == "mamba" else header.is_hybrid_swa)
+    other = [p.kv.mamba_available if family == "mamba" else p.kv.swa_available for p in passes]
+    assert passes and None not in other
+    assert_faithful(trace)
+    runs = run_arms(trace, ["stock", "fixed"])  # the pool self-check runs on every step
+    assert all(run.outcome.exceptions == 0 and run.outcome.unfinished == 0 for run in runs.values())

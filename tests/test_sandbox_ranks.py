@@ -7,8 +7,8 @@ Requests complete, the two traces carry tp_rank 0 and 1, ``schedtrace
 ranks`` finds full agreement, every rank replays at full fidelity, and a
 copy with one pass of one rank altered is caught at exactly that pass, with
 the field named. Then ``dp=2`` (DP attention, forward stood in for): the DP
-ranks are shown side by side, in lockstep, with no desync. Each server is
-started once per module and stopped before the next one starts.
+ranks are shown side by side, in lockstep, with no desync. Both servers are
+started once per module, side by side, and stopped before any test reads.
 """
 
 from __future__ import annotations
@@ -78,23 +78,36 @@ def record_run(work: Path, server_of, all_ranks_see_all: bool) -> Path:
     return traces
 
 
-@pytest.fixture(scope="module")
-def tp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The traces of one ``tp=2`` run, recorded once; its server is stopped before any test reads them."""
+def tp2_server(traces: Path, log: Path) -> SandboxServer:
+    server = SandboxServer(tp=2, trace_dir=traces, log_path=log, extra_args=RANK_ARGS)
+    assert server.stand_ins == ("no-pynccl",)  # the real forward, across two ranks
+    return server
 
-    def server_of(traces: Path, log: Path) -> SandboxServer:
-        server = SandboxServer(tp=2, trace_dir=traces, log_path=log, extra_args=RANK_ARGS)
-        assert server.stand_ins == ("no-pynccl",)  # the real forward, across two ranks
-        return server
 
-    return record_run(tmp_path_factory.mktemp("tp2"), server_of, all_ranks_see_all=True)
+def dp2_server(traces: Path, log: Path) -> SandboxServer:
+    return SandboxServer(dp=2, trace_dir=traces, log_path=log, extra_args=DP_ARGS)
 
 
 @pytest.fixture(scope="module")
-def dp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The traces of one ``dp=2`` (DP attention) run, recorded after the ``tp=2`` server has stopped."""
-    return record_run(tmp_path_factory.mktemp("dp2"), lambda traces, log: SandboxServer(
-        dp=2, trace_dir=traces, log_path=log, extra_args=DP_ARGS), all_ranks_see_all=False)
+def rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The traces of one ``tp=2`` and one ``dp=2`` (DP attention) run, recorded side by side: their
+    starts overlap, and the idle one sleeps (``--sleep-on-idle``). Both servers are stopped before
+    any test reads a trace."""
+    runs = {"tp2": (tp2_server, True), "dp2": (dp2_server, False)}
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = {name: pool.submit(record_run, tmp_path_factory.mktemp(name), server_of, all_see_all)
+                   for name, (server_of, all_see_all) in runs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def tp2(rank_runs: dict[str, Path]) -> Path:
+    return rank_runs["tp2"]
+
+
+@pytest.fixture(scope="module")
+def dp2(rank_runs: dict[str, Path]) -> Path:
+    return rank_runs["dp2"]
 
 
 def test_tp2_serves_and_writes_one_trace_per_rank(tp2: Path) -> None:
