@@ -321,7 +321,7 @@ def test_stock_replays_a_live_hybrid_overload_trace_exactly(
     chunks, queueing and pool pressure; every pass of the shared server's trace so far replays
     exactly (its other tests' loads included)."""
     from conftest import generate
-    from test_sandbox_hybrid import traced
+    from test_sandbox_hybrid import one_trace, traced
 
     server = hybrid_sandboxes[model]
     lens = [500 + (k * 389) % 2000 for k in range(16)]
@@ -329,7 +329,7 @@ def test_stock_replays_a_live_hybrid_overload_trace_exactly(
     with ThreadPoolExecutor(len(lens)) as pool:
         list(pool.map(lambda k: generate(server, rids[k], lens[k], 24), range(len(lens))))
     header, records = traced(server.trace_dir, set(rids))  # once every finish is written
-    (trace,) = sorted(server.trace_dir.glob("*.trace"))
+    trace = one_trace(server.trace_dir)
     passes = [r for r in records if isinstance(r, Pass)]
     assert header.pools is not None and (header.is_hybrid_mamba if family == "mamba" else header.is_hybrid_swa)
     other = [p.kv.mamba_available if family == "mamba" else p.kv.swa_available for p in passes]

@@ -59,12 +59,17 @@ def overload(server: SandboxServer, prefix: str) -> dict[str, tuple[list[int], d
         return dict(pool.map(one, range(REQUESTS)))
 
 
+def one_trace(trace_dir: Path) -> Path:
+    """The one trace a single-rank server writes into ``trace_dir``."""
+    (path,) = sorted(trace_dir.glob("*.trace"))
+    return path
+
+
 def traced(trace_dir: Path, rids: set[str]) -> tuple[Header, list]:
     """The header and records of the one trace, once every rid's finish is in it."""
     deadline = time.monotonic() + FINISH_WAIT_S
     while True:
-        (path,) = sorted(trace_dir.glob("*.trace"))
-        with TraceReader(path) as reader:
+        with TraceReader(one_trace(trace_dir)) as reader:
             header, records = reader.header, [r for _, r in reader.records()]
         finished = {r.rid for r in records if isinstance(r, Finish)}
         if rids <= finished or time.monotonic() > deadline:
@@ -118,7 +123,7 @@ def test_mamba_hybrid_overload_hits_the_state_pool_cap(mamba_sandbox: SandboxSer
     assert min(mamba_free) < slots
 
     # What `schedtrace info` prints reads this trace too.
-    with TraceReader(next(mamba_sandbox.trace_dir.glob("*.trace"))) as reader:
+    with TraceReader(one_trace(mamba_sandbox.trace_dir)) as reader:
         summary = summarize(reader)
     assert summary["header"]["is_hybrid_mamba"] and summary["requests"] >= REQUESTS
 
