@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import warnings
 
-from schedtrace.tracer.kernel_stub import install
+from schedtrace.tracer.kernel_stub import hide_cute_dsl, install
 
 
 def ensure_sglang_importable() -> None:
     install()
+    hide_cute_dsl()  # a GPU-only DSL whose import costs seconds; replay runs no kernel
     # sglang logs and warns at import about GPU-only features (CUDA arch, AWQ,
     # GGUF, Triton) on any machine without them; replay uses none of them.
     logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)

@@ -27,6 +27,7 @@ from pathlib import Path
 STUB_DIR = Path(__file__).resolve().parent
 
 _PACKAGE = "sgl_kernel"
+_CUTE_DSL = "cutlass"
 
 
 def _is_kernel_module(fullname: str) -> bool:
@@ -100,6 +101,19 @@ def install() -> None:
     """Install the finder in this process (idempotent)."""
     if _finder() is None:
         sys.meta_path.insert(0, _SglKernelFinder())
+
+
+def hide_cute_dsl() -> None:
+    """Make flashinfer's optional CuTe DSL (``cutlass``) look not installed here.
+
+    It drives NVIDIA GPUs only, and importing it costs 1-5 s of every sglang
+    import on this machine (docs/performance.md). flashinfer probes it with
+    ``find_spec``, which answers None for a ``None`` entry in ``sys.modules``,
+    and falls back as on any machine without ``nvidia-cutlass-dsl``; sglang's
+    server code never imports it. For processes that run no kernel: the
+    sandbox's servers and replay. Nothing changes if it is already imported.
+    """
+    sys.modules.setdefault(_CUTE_DSL, None)
 
 
 def stubbed() -> bool:

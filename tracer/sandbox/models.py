@@ -16,6 +16,7 @@ from pathlib import Path
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.sandbox.assets.make_tiny_model import ASSETS_DIR
 from schedtrace.tracer.sandbox.standins import (
+    CUTE_DSL_ABSENT,
     DEVICE,
     FORWARD,
     LINEAR_ATTN_KERNELS,
@@ -85,9 +86,9 @@ class SandboxModel:
         return (("model forward",) if forward else ()) + ALWAYS_REAL
 
     def stood_in_for(self, stand_ins: Sequence[str] | None = None) -> tuple[str, ...]:
-        """What is stood in for, in a few words each (the sgl_kernel import first)."""
+        """What is stood in for, in a few words each (the two always installed first)."""
         stand_ins = self.stand_ins if stand_ins is None else stand_ins
-        return tuple(STAND_INS[n].title for n in (SGL_KERNEL_IMPORT.name, *stand_ins))
+        return tuple(STAND_INS[n].title for n in (SGL_KERNEL_IMPORT.name, CUTE_DSL_ABSENT.name, *stand_ins))
 
     def describe(self, stand_ins: Sequence[str] | None = None) -> str:
         """One line for --list-models: what it is, what runs real, what is stood in for."""

@@ -29,7 +29,7 @@ class StandIn:
     title: str  # what it stands in for, in a few words
     replaces: str  # what runs instead of the real thing
     why: str  # what fails on this CPU machine without it
-    module: str  # has install(); "" for the sgl_kernel import stand-in, always installed
+    module: str  # has install(); "" for the two always installed (by schedtrace.tracer.kernel_stub)
 
 
 SGL_KERNEL_IMPORT = StandIn(
@@ -37,6 +37,13 @@ SGL_KERNEL_IMPORT = StandIn(
     "the sgl_kernel import",
     "the sgl_kernel import: a module whose attributes are MagicMocks",
     "sgl_kernel ships CUDA-only native ops and fails to import without libcuda",
+    "",
+)
+CUTE_DSL_ABSENT = StandIn(
+    "cute-dsl-absent",
+    "flashinfer's CuTe DSL",
+    "flashinfer's optional CuTe DSL (cutlass) looks not installed, so flashinfer takes its documented fallback",
+    "nothing fails: it targets NVIDIA GPUs only, and its import costs 1-5 s of every sglang import here",
     "",
 )
 DEVICE = StandIn(
@@ -79,7 +86,7 @@ MLA_ABSORBED = StandIn(
 )
 
 STAND_INS: dict[str, StandIn] = {
-    s.name: s for s in (SGL_KERNEL_IMPORT, DEVICE, LINEAR_ATTN_KERNELS, MLA_ABSORBED, FORWARD, NO_PYNCCL)
+    s.name: s for s in (SGL_KERNEL_IMPORT, CUTE_DSL_ABSENT, DEVICE, LINEAR_ATTN_KERNELS, MLA_ABSORBED, FORWARD, NO_PYNCCL)
 }
 
 
