@@ -16,7 +16,9 @@ Tests marked ``@pytest.mark.own_server`` start and stop their own server;
 they are moved to the front of the run so that they finish before a shared
 server starts. The tests using one shared server run next to each other, and
 each shared server stops right after the last test that uses it, so an idle
-server never competes with the next one for the 2 cores.
+server never competes with the next one for the 2 cores. A test marked
+``@pytest.mark.stops_shared_server`` runs after every other test of its
+shared server, so it may stop that server itself (a server dying under load).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "own_server: starts its own sandbox server; runs before the shared one exists"
     )
+    config.addinivalue_line(
+        "markers", "stops_shared_server: stops its shared server; runs after that server's other tests"
+    )
 
 
 def _run_group(item: pytest.Item) -> int:
@@ -64,8 +69,12 @@ def _run_group(item: pytest.Item) -> int:
     return len(SERVER_FIXTURES) + 1
 
 
+def _run_order(item: pytest.Item) -> tuple[int, bool]:
+    return _run_group(item), item.get_closest_marker("stops_shared_server") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_run_group)  # stable: file order within each group
+    items.sort(key=_run_order)  # stable: file order within each group
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import log_size
 
 from otel_support import run_cli
 from schedtrace.tracer.analysis.workload import Workload, WorkloadBuilder, WorkloadRequest
@@ -23,10 +26,9 @@ from schedtrace.testing import builders
 from schedtrace.tracer.contract.errors import SchedtraceError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.prefix_ids import PREFIX_BLOCK_TOKENS, id_count
-from schedtrace.tracer.contract.schema import Abort, Admitted, Arrival, Clock, Finish, Header, Pass
-from schedtrace.tracer.sandbox.process import free_port
+from schedtrace.tracer.contract.schema import Arrival, Clock, Finish, Header, Pass
+from schedtrace.tracer.sandbox.process import free_port, group_members, pid_alive, process_group_alive
 from schedtrace.tracer.sandbox.redrive import input_ids, plan, redrive, server_vocab
-from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
 BLOCK = PREFIX_BLOCK_TOKENS
 FIRST, SECOND = "rd-first-", "rd-second-"
@@ -197,18 +199,20 @@ def test_a_refusing_server_is_one_line_and_exit_1(tmp_path) -> None:
     assert trace.read_bytes() == before
 
 
-@pytest.mark.own_server
-def test_a_dying_server_is_one_line_and_exit_1_and_its_trace_stays(tmp_path) -> None:
-    """The server is stopped part way: the redrive says so in one line, exit 1; the trace it wrote reads back.
+@pytest.mark.stops_shared_server
+def test_a_dying_server_is_one_line_and_exit_1_and_its_trace_stays(sandbox, tmp_path) -> None:
+    """The shared sandbox is stopped part way (this test runs after its others): the redrive says so
+    in one line, exit 1; the trace it wrote reads back; no process of the server is left.
 
     The stop waits for the server's own log to show three of the requests prefilled: the scheduler
     has them. The last requests are recorded 20 s in, so the redrive, which sends on the
     recorded clock, cannot have ended by then (a clean-clone make test once served all of a
     9-second load before the log showed three whole prefills)."""
-    log = tmp_path / "log"
-    server = SandboxServer(trace_dir=tmp_path / "traces", extra_args=KV_PRESSURE_ARGS, log_path=log)
+    members = group_members(sandbox.pid)
+    assert len(members) >= 3, members  # launcher, scheduler and detokenizer at least, in the server's group
+    log_start = log_size(sandbox.log_path)
     requests = [WorkloadRequest(t_ms=400.0 * n if n < 20 else 20_000.0 + 1_000.0 * (n - 20), input_len=2000,
-                                output_len=400, hash_ids=list(range(n * 125, n * 125 + 125)),
+                                output_len=400, hash_ids=list(range(DYING_IDS + n * 125, DYING_IDS + n * 125 + 125)),
                                 max_new_tokens=400, ignore_eos=True, priority=None, finish_reason="length")
                 for n in range(24)]
     header = builders.header(prefix_block=BLOCK)
@@ -216,34 +220,41 @@ def test_a_dying_server_is_one_line_and_exit_1_and_its_trace_stays(tmp_path) -> 
                        ignore_eos=True, prefix_ids=b"".join(i.to_bytes(8, "little") for i in r.hash_ids))
                for n, r in enumerate(requests)]
     trace = write_trace(tmp_path / "load.trace", header, records, end_t_ns=10**10)
-    with server:
-        import subprocess
-        import sys
-
-        proc = subprocess.Popen([sys.executable, "-c", "from schedtrace.cli import main; main()", "redrive",
-                                 str(trace), "--url", server.url, "--rid-prefix", "dying-"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", "from schedtrace.cli import main; main()", "redrive",
+                             str(trace), "--url", sandbox.url, "--rid-prefix", "dying-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
         deadline = time.monotonic() + 120
-        while _prefilled(log) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        while _prefilled(sandbox.log_path, log_start) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None, "the redrive ended before the server was stopped"
-        assert _prefilled(log) >= 3, "the server never prefilled three of the requests"
-        server.stop()  # mid-load: requests in flight and more to send
-        out, err = proc.communicate(timeout=120)
+        assert _prefilled(sandbox.log_path, log_start) >= 3, "the server never prefilled three of the requests"
+    finally:
+        sandbox.stop()  # mid-load: requests in flight and more to send
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     lines = err.strip().splitlines()
-    assert lines[-1].startswith(f"schedtrace: error: {server.url}: the server stopped answering"), err
+    assert lines[-1].startswith(f"schedtrace: error: {sandbox.url}: the server stopped answering"), err
     assert "Traceback" not in err
-    assert _arrived(tmp_path / "traces", "dying-", 3)  # what was written before the end reads back
+    assert _arrived(sandbox.trace_dir, "dying-", 3)  # what was written before the end reads back
+    assert not process_group_alive(sandbox.pid) and not sandbox.running
+    assert [pid for pid in members if pid_alive(pid)] == []
+    sandbox.stop()  # idempotent
+
+
+DYING_IDS = 2_000_000  # prompts no other test sends: nothing of them is cached
 
 
 PREFILL_LINE = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+)")
 
 
-def _prefilled(log: Path, input_len: int = 1) -> int:
-    """Requests the server's log shows prefilled in batches of at least ``input_len`` tokens each."""
+def _prefilled(log: Path, start: int = 0, input_len: int = 1) -> int:
+    """Requests the server's log shows prefilled (after byte ``start``) in batches of at least
+    ``input_len`` tokens each."""
     try:
-        text = log.read_text(encoding="utf-8", errors="replace")
+        with open(log, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
     except OSError:
         return 0
     return sum(int(seqs) for seqs, tokens in PREFILL_LINE.findall(text) if int(tokens) >= input_len * int(seqs))
