@@ -3,7 +3,7 @@
 The tiny Llama at ``--tp 2`` with its real forward (a real gloo all-reduce
 between the ranks; pynccl is stood in for): one scheduler process per rank,
 each writing its own trace, recorded once per module under a small overload.
-Requests complete, the two traces carry tp_rank 0 and 1, ``schedtrace
+Requests complete, the two traces carry tp_rank 0 and 1 and one run id, ``schedtrace
 ranks`` finds full agreement, every rank replays at full fidelity, and a
 copy with one pass of one rank altered is caught at exactly that pass, with
 the field named. Then ``dp=2`` (DP attention, forward stood in for): the DP
@@ -14,6 +14,7 @@ started once per module, side by side, and stopped before any test reads.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ from schedtrace.cli import run
 from schedtrace.replay.loop.input import load_input, scan_trace
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.schema import Finish, Footer, Header, Pass
+from schedtrace.tracer.recorder.naming import HOST_LIMIT, safe_name
 from schedtrace.tracer.sandbox.server import SandboxServer
 
 pytestmark = [pytest.mark.own_server, pytest.mark.timeout(900)]
@@ -119,6 +121,21 @@ def test_tp2_serves_and_writes_one_trace_per_rank(tp2: Path) -> None:
         assert RIDS <= done, f"tp{header.tp_rank} has no finish for {sorted(RIDS - done)}"
     (_, first), (_, second) = ranks
     assert decisions(first, RIDS) == decisions(second, RIDS) != []
+
+
+def test_both_ranks_share_the_launchers_run_id_and_record_their_placement(tp2: Path) -> None:
+    """One run id for every rank of a server start: the launcher's, which reaches the spawned
+    scheduler ranks through the environment alone. Each rank's header and file name say where it sits."""
+    paths = sorted(tp2.glob("*.trace"))
+    headers = [read_rank(path)[0] for path in paths]
+    (run_id,) = {h.run_id for h in headers}
+    assert run_id
+    assert len({h.pid for h in headers}) == 2  # two processes
+    host = safe_name(socket.gethostname(), HOST_LIMIT)
+    for path, h in zip(paths, headers):
+        assert (h.tp_size, h.pp_rank, h.pp_size, h.dp_rank, h.dp_size) == (2, 0, 1, None, 1)
+        assert (h.attn_tp_rank, h.attn_tp_size, h.attn_dp_rank, h.attn_dp_size) == (h.tp_rank, 2, None, 1)
+        assert path.name == f"schedtrace-{run_id}-{host}-tp{h.tp_rank}-dp0-pp0-pid{h.pid}.part000.trace"
 
 
 def chunk_sizes(records: list) -> set[int | None]:
