@@ -22,6 +22,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from schedtrace.arms import variants
+from schedtrace.arms.shipped import BUILTIN_DIFF_PATH
 from schedtrace.cli import run
 from schedtrace.replay.bisect import run_bisect
 from schedtrace.tracer.contract.report import dump_bisect
@@ -29,9 +31,12 @@ from schedtrace.replay.closed_loop import load_input, run_arms
 from schedtrace.replay.engine import replay_trace
 from schedtrace.replay.scale.executor import LocalExecutor
 from schedtrace.replay.scale.sweep import run_sweep, sweep_arm
+from schedtrace.replay.scale.set_tasks import replay_ranks
 from schedtrace.replay.scale.sweep_grid import apply_config
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import ARM_FILES_ENV, STOCK
 from schedtrace.tracer.contract.report import dump_report, dump_sweep
+from schedtrace.tracer.contract.traceset import open_traceset
 
 from loop_traces import latch_reproduction
 from test_cli_tracesets import split_into_parts
@@ -111,6 +116,26 @@ def test_replay_ranges_on_ray_match_one_process(executor):
     finally:
         executor.ship_files = None
     assert dump_report(shipped) == local
+
+
+def test_workers_replay_a_user_diff_they_only_received(executor, tmp_path, monkeypatch):
+    """A user's arm on Ray: its file is gone and no path is inherited, so the workers have the
+    arm's text only (shipped with each task), and decide as this process does."""
+    diff = tmp_path / "shipped.diff"
+    diff.write_text(BUILTIN_DIFF_PATH.read_text())
+    label = variants.canonical_variant(str(diff))
+    diff.unlink()
+    monkeypatch.delenv(ARM_FILES_ENV, raising=False)
+    try:
+        with open_traceset([str(SHORT)]) as traces:
+            ranks = traces.run(None).ranks
+            (on_ray,) = replay_ranks(executor, ranks, STOCK, label, stall_passes=8)
+            here = replay_trace(ranks[0], STOCK, label, stall_passes=8)
+    finally:
+        variants.set_active(frozenset())
+    on_ray.retried_tasks = here.retried_tasks
+    assert dump_report(on_ray) == dump_report(here)
+    assert on_ray.new == label
 
 
 def test_replay_ships_chunks_only_when_asked(executor):

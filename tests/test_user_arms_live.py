@@ -1,6 +1,7 @@
-"""A user diff where an arm goes beyond one process: pytest (repro), Ray workers, a live server.
+"""A user diff where an arm goes beyond one process: pytest (repro) and a live server.
 
-Slow: each test starts processes of its own (pytest runs, a Ray, one sandbox server).
+Slow: each test starts processes of its own (pytest runs, one sandbox server). The Ray
+workers' case runs on tests/test_ray.py's cluster.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from conftest import generate
 
 from schedtrace.arms import user, variants
 from schedtrace.arms.shipped import BUILTIN_DIFF_PATH
-from schedtrace.tracer.contract.names import ARM_FILES_ENV, STOCK
+from schedtrace.tracer.contract.names import STOCK
 
 from repro_traces import latch_trace
 
 REPO = Path(__file__).resolve().parent.parent
-KIMI = REPO / "traces" / "hybrid-mamba-kimi.trace"
 MARKER = "schedtrace-live-arm: batch_is_full re-evaluated"
 
 
@@ -58,31 +58,6 @@ def test_repro_with_a_diff_fails_on_stock_and_passes_with_the_diff(tmp_path, mon
     runs = {r.variant: r for r in run_variants([module], [STOCK, label])}
     assert runs[STOCK].outcome == FAILED, runs[STOCK].detail
     assert runs[label].outcome == PASSED, runs[label].detail
-
-
-@pytest.mark.timeout(900)
-def test_ray_workers_replay_a_diff_they_only_received(tmp_path, monkeypatch):
-    """The file is gone and no path is inherited: the workers have the arm's text only."""
-    from schedtrace.replay.scale.ray_executor import RayExecutor
-    from schedtrace.replay.scale.set_tasks import replay_ranks
-    from schedtrace.tracer.contract.report import dump_report
-    from schedtrace.tracer.contract.traceset import open_traceset
-
-    diff = tmp_path / "shipped.diff"
-    diff.write_text(BUILTIN_DIFF_PATH.read_text())
-    label = variants.canonical_variant(str(diff))
-    diff.unlink()
-    monkeypatch.delenv(ARM_FILES_ENV, raising=False)
-    with open_traceset([str(KIMI)]) as traces:
-        ranks = traces.run(None).ranks
-        with RayExecutor(jobs=1) as executor:
-            (on_ray,) = replay_ranks(executor, ranks, STOCK, label, stall_passes=8)
-        from schedtrace.replay.engine import replay_trace
-
-        here = replay_trace(ranks[0], STOCK, label, stall_passes=8)
-    on_ray.retried_tasks = here.retried_tasks
-    assert dump_report(on_ray) == dump_report(here)
-    assert on_ray.new == label
 
 
 @pytest.mark.own_server
