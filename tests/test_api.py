@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import schedtrace
+from schedtrace.cli import run
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "api.md"
@@ -23,10 +24,8 @@ def test_the_example_prints_what_the_page_says(tmp_path):
     (example,), (printed,) = doc_blocks("python"), doc_blocks("text")
     os.symlink(REPO / "traces", tmp_path / "traces")
     (tmp_path / "out").mkdir()
-    cli = Path(sys.executable).with_name("schedtrace")
-    made = subprocess.run([str(cli), "replay", SAMPLE, "--json", "out/replay.json"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr
+    # The report the page's example reads, made by the CLI's own code in this process (sglang is loaded here).
+    assert run(["replay", str(REPO / SAMPLE), "--json", str(tmp_path / "out" / "replay.json")]) == 0
     done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
