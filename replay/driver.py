@@ -29,15 +29,11 @@ for is computed from that list to find over-asks.
 The recorded server's settings (its published config, the mamba chunk grid,
 import-time constants) are installed around each call: ``schedtrace.replay.server_env``.
 
-Hybrid pools (``schedtrace.replay.hybrid``): an SWA trace runs on a real
-``SWATokenToKVPoolAllocator`` stand-in (so ``SWAPrefillBudget`` sizes
-admission and the scheduler's ``is_hybrid_swa`` branch resets
-``batch_is_full``), a mamba trace on a request pool with a
-``MambaSlotAllocator`` stand-in and a tree that ``supports_mamba()`` (the
-budget then reads ``full_evictable_size``). The recorded
-``Header.exact_chunk_fill`` is injected like the grid, through
-``schedule_policy._use_exact_chunk_fill``: it depends on the recording
-host's hardware. ``over_ask`` counts an SWA allocation's shorter side.
+Hybrid pools (``schedtrace.replay.hybrid``): SWA on a real ``SWATokenToKVPoolAllocator``
+stand-in (``SWAPrefillBudget`` sizes admission), mamba on a ``MambaSlotAllocator`` stand-in
+and a tree that ``supports_mamba()``; ``Header.exact_chunk_fill`` is injected like the grid.
+What the trace cannot re-derive comes from ``Pass.order``: ``random``'s draw, and the text
+order of routing keys (``schedtrace.replay.routing_keys``).
 
 Not thread-safe: the variant patches and the stop hook touch process-global
 functions, so calls are serialised by a module lock.
@@ -62,6 +58,7 @@ from schedtrace.replay.state import (
 from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
 from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
+from schedtrace.replay.routing_keys import ROUTING_KEY, keys_renamed, recorded_names
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
                                        waiting_req)
 from schedtrace.tracer.analysis import capacity
@@ -84,11 +81,10 @@ def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
     raise _AdmissionDone(list(reqs))
 
 
-def _variant_context(variant: str):
-    """``schedtrace.arms.variants.applied(variant)``, imported on first use."""
-    from schedtrace.arms.variants import applied
-
-    return applied(variant)
+# Scheduler attributes the pass reads for features a replayed pass never has on.
+_OFF_IN_REPLAY: dict[str, Any] = dict(min_free_slots_delayer=None, dynamic_chunk_sizer=None, max_prefill_bs=0,
+                                      dllm_config=None, enable_lora=False, enable_hicache_storage=False,
+                                      enable_lmcache=False)
 
 
 class PassDriver:
@@ -156,6 +152,7 @@ class PassDriver:
         # calc_priority's order is a decision output (Decision.queue_order); under ``random``
         # it is the recorded one (Pass.order), since the draw cannot be made again.
         self._random = args.schedule_policy == "random"
+        self._routing = args.schedule_policy == ROUTING_KEY
         self.policy.calc_priority = self._calc_priority
         self._order: list[int] | None = None
         self._recorded_order: list[int] | None = None
@@ -210,9 +207,14 @@ class PassDriver:
         self._reqs.drop_running(req.rid)  # changed beyond what the next pass re-derives
         return True
 
-    def _calc_priority(self, waiting_queue: list, *args: Any, **kwargs: Any) -> None:
+    def _calc_priority(self, waiting_queue: list, running_batch: Any = None, *args: Any, **kwargs: Any) -> None:
         entry = list(waiting_queue)
-        type(self.policy).calc_priority(self.policy, waiting_queue, *args, **kwargs)
+        reqs, names = [], {}
+        if self._routing:  # ties break by the keys' text, which only the recorded order shows
+            reqs = [*entry, *getattr(running_batch, "reqs", ())]
+            names = recorded_names(entry, self._recorded_indexes(len(entry), ROUTING_KEY))
+        with keys_renamed(reqs, names):
+            type(self.policy).calc_priority(self.policy, waiting_queue, running_batch, *args, **kwargs)
         if waiting_queue == entry:
             self._order = None
         else:
@@ -221,11 +223,14 @@ class PassDriver:
 
     def _recorded_shuffle(self, waiting_queue: list) -> None:
         """``SchedulePolicy._sort_randomly`` in replay: the recorded draw."""
-        try:
-            order = order_indexes(self._recorded_order, len(waiting_queue))
-        except OrderError as exc:
-            raise ReplayStateError(f"random policy: the recorded order is damaged: {exc}") from None
+        order = self._recorded_indexes(len(waiting_queue), "random")
         waiting_queue[:] = [waiting_queue[i] for i in order]
+
+    def _recorded_indexes(self, n: int, policy: str) -> list[int]:
+        try:
+            return order_indexes(self._recorded_order, n)
+        except OrderError as exc:
+            raise ReplayStateError(f"{policy} policy: the recorded order is damaged: {exc}") from None
 
     # ------------------------------------------------------------------ setup
 
@@ -238,14 +243,13 @@ class PassDriver:
         args = self.header.server_args
         s = Scheduler.__new__(Scheduler)
         s.grammar_manager = SimpleNamespace(has_waiting_grammars=lambda: False)
+        s.__dict__.update(_OFF_IN_REPLAY)
         settings = self.header.settings
         # As Scheduler.__init__ derives it: priority scheduling preempts unless told not to.
         s.enable_priority_preemption = args.enable_priority_scheduling and not settings.get(
             "disable_priority_preemption", True)
         s.is_hybrid_swa = self.header.is_hybrid_swa  # resets batch_is_full every pass
-        s.min_free_slots_delayer = None
         s.processed_tokens_counter = 0
-        s.dynamic_chunk_sizer = None
         s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=None, prefill_aware_swa=False))
         s.page_size = self.page_size
         s.tree_cache = self.tree_cache
@@ -254,12 +258,7 @@ class PassDriver:
         s.max_prefill_tokens = args.max_prefill_tokens
         s.is_mixed_chunk = args.enable_mixed_chunk
         s.priority_scheduling_preemption_threshold = int(settings.get("priority_scheduling_preemption_threshold") or 0)
-        s.max_prefill_bs = 0
         s.max_running_requests = args.max_running_requests
-        s.dllm_config = None
-        s.enable_lora = False
-        s.enable_hicache_storage = False
-        s.enable_lmcache = False
         s.truncation_align_size = None  # deterministic inference / DSA alignment: not recorded
         # The real start-up step turns the grid into the truncation alignment.
         with recorded_grid(self._scheduler_module, self.mamba_chunk_grid):
@@ -426,6 +425,7 @@ class PassDriver:
 
     def decide_aiter(self, event: Aiter, variant: str) -> str:
         """The ``AttnForwardMethod`` name ``handle_attention_aiter`` picks for ``event``."""
+        from schedtrace.arms.variants import applied  # imported on first use, as sglang is
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import context as bcg
         from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
@@ -438,7 +438,7 @@ class PassDriver:
         except KeyError:
             raise ReplayStateError(f"aiter event: unknown forward mode {event.forward_mode!r}") from None
         batch = AiterBatch(mode, event.seq_lens_sum, event.max_chunk_capacity)
-        with _LOCK, self._config.installed(), _variant_context(variant):
+        with _LOCK, self._config.installed(), applied(variant):
             saved = (pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph)
             pcg._in_tc_piecewise_cuda_graph = event.in_piecewise_graph
             bcg._in_breakable_cuda_graph = event.in_breakable_graph

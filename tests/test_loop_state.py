@@ -379,7 +379,7 @@ def _prefilled_then_hooked(overlap: bool, page_size: int = 1, input_len: int = 1
 
 
 def test_a_retracted_request_matches_what_its_prefill_put_in_the_tree():
-    """release_kv_cache unlocks what cache_unfinished_req inserted (it stays, evictable) and frees
+    """release_kv_cache unlocks what checkpoint_kv_cache inserted (it stays, evictable) and frees
     the decode tokens; queued again, the request matches it (the dfs-weight trace: 884 of 886)."""
     before, _, (after, result) = _prefilled_then_hooked(overlap=False)
     assert result.retracted == ["b"]

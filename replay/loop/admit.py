@@ -139,7 +139,7 @@ def hand_over(req: LoopReq, others: Iterable[LoopReq]) -> None:
 
 
 def insert(req: LoopReq, step: StepPools) -> None:
-    """A chunk or a prefill ran: processing its result, ``cache_unfinished_req`` puts its filled
+    """A chunk or a prefill ran: processing its result, ``checkpoint_kv_cache`` puts its filled
     pages in the tree (``LoopReq.tree_landing``)."""
     if step.radix_cache:
         req.tree_landing = floor_page(req.prefix_len, step.page_size)

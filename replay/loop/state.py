@@ -74,7 +74,7 @@ class LoopReq:
     mamba_held: int = 0  # mamba state slots held (the state and its tracking buffers)
     inflight: int = 0  # overlap scheduling: outputs of the last forward not yet processed (0 or 1)
     # Tokens of its sequence in the radix tree. Processing a chunk's or a prefill's result inserts
-    # what it filled, page-floored (cache_unfinished_req; decode tokens are not inserted):
+    # what it filled, page-floored (checkpoint_kv_cache; decode tokens are not inserted):
     # ``tree_landing`` until then, the same step, or the next under overlap.
     tree_len: int = 0
     tree_landing: int = 0

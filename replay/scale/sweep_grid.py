@@ -36,7 +36,7 @@ POLICIES: Final = ("fcfs", "lof", "lpm", "dfs-weight", "hrrn", "shortest-prefill
 # and those it cannot, with why (tests/test_sweep.py holds both lists to sglang's enums).
 REFUSED_POLICIES: Final = {
     "random": "orders the queue at random: a sweep must be deterministic",
-    "routing-key": "orders by routing keys, which traces do not record",
+    "routing-key": "breaks ties by the routing keys' text, which traces hold only as keyed ids",
 }
 # key -> short column name (the table and the heatmap).
 KEYS: Final = {
