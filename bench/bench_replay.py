@@ -15,7 +15,9 @@ and KV shapes):
 Then the same bare and per-arm figures on every pass of every sample trace
 (``traces/*.trace``, recorded by the sandbox; for the hybrid ones the driver
 rebuilds their SWA and mamba pools, ``schedtrace.replay.hybrid``), bare being
-sglang's pass on that rebuilt state, each figure the best of
+sglang's pass on that rebuilt state; each pass as ``replay_trace`` gives it
+(``replay_inputs``, the driver's book fed with the arrivals, finishes and
+retractions before it, untimed), each figure the best of
 ``SAMPLE_ROUNDS`` runs over the trace (target: decide <= 1.3x bare); and each
 sample replayed whole (``replay_trace``, both arms) at 1 and 2 jobs, best of
 ``SAMPLE_ROUNDS`` (target: >= 5,000 passes/s at 2 jobs). ``--no-samples``
@@ -60,7 +62,7 @@ def _bare_seconds(driver, passes, arm: str = "stock") -> float:
             setattr(policy, name, lookup)
         ScheduleBatch.init_new = classmethod(_stop_init_new)
         try:
-            for p in passes:
+            for p in _noted(driver, passes):
                 waiting, batch, chunked = driver._load(p)
                 sched.waiting_queue, sched.chunked_req = waiting, chunked
                 sched.chunked_prefill_size = p.chunked_prefill_size
@@ -81,10 +83,30 @@ def _bare_seconds(driver, passes, arm: str = "stock") -> float:
 
 
 def _decide_seconds(driver, passes, arm: str) -> float:
-    start = time.perf_counter()
-    for p in passes:
-        driver.decide(p, arm)
-    return time.perf_counter() - start
+    decide, clock = driver.decide, time.perf_counter
+    total = 0.0
+    for p in _noted(driver, passes):
+        start = clock()
+        decide(p, arm)
+        total += clock() - start
+    return total
+
+
+def _noted(driver, items):
+    """The passes of ``items`` in order, the driver's book fed as ``replay_trace`` feeds it.
+
+    ``items``: passes, or (records to note before it, pass) pairs (``_trace_items``). Untimed:
+    a pass's priorities, prefix ids and queue entry times come from the arrivals before it."""
+    note = driver.note
+    for item in items:
+        if type(item) is not tuple:
+            yield item
+            continue
+        before, p = item
+        for record in before:
+            note(record)
+        yield p
+        note(p)  # after the pass: its preemption releases re-queue
 
 
 def _arm_line(label: str, arm: str, n: int, elapsed: float, bare: float) -> str:
@@ -98,6 +120,7 @@ def _warm_driver(header, first):
     from schedtrace.replay.pass_standins import Ratio as _Ratio
 
     driver = PassDriver(header)
+    first = next(_noted(driver, [first]))
     driver.decide(first, "stock")
     driver.decide(first, "fixed")
     driver.scheduler.new_token_ratio_tracker = _Ratio(0.0)
@@ -110,13 +133,10 @@ SAMPLE_ROUNDS = 5  # a few hundred to 1,500 passes each: every figure is the bes
 def bench_samples() -> None:
     """Bare pass and replay per pass on every pass of each sample trace, then each replayed whole."""
     from schedtrace.replay.engine import replay_trace
-    from schedtrace.tracer.contract.format import TraceReader
 
     traces = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
     for path in sorted(glob.glob(os.path.join(traces, "*.trace"))):
-        with TraceReader(path) as reader:
-            header = reader.header
-            passes = list(reader.passes())
+        header, passes = _trace_items(path)
         driver = _warm_driver(header, passes[0])
         # Rounds interleaved (bare, stock, fixed, bare, ...): each figure's best sees the same neighbours.
         best = {name: float("inf") for name in ("bare stock", "bare fixed", "stock", "fixed")}
@@ -137,6 +157,24 @@ def bench_samples() -> None:
             elapsed = min(_whole_seconds(replay_trace, path, jobs) for _ in range(SAMPLE_ROUNDS))
             print(f"  replay_trace jobs={jobs}: {len(passes) / elapsed:7.0f} passes/s "
                   f"({elapsed / len(passes) * 1e6:.0f} us/pass, {elapsed / bare:.2f}x the two arms' bare passes)")
+
+
+def _trace_items(path: str):
+    """(header, [(records to note before the pass, the pass as replay reads it)]) of a trace."""
+    from schedtrace.tracer.analysis.decision import replay_inputs
+    from schedtrace.tracer.contract.format import TraceReader
+    from schedtrace.tracer.contract.schema import Arrival, Finish, Pass, Retract
+
+    items, before = [], []
+    with TraceReader(path) as reader:
+        for _, record in reader.records():
+            kind = type(record)
+            if kind is Pass:
+                items.append((tuple(before), replay_inputs(record)))
+                before = []
+            elif kind is Arrival or kind is Finish or kind is Retract:
+                before.append(record)
+        return reader.header, items
 
 
 def _whole_seconds(replay_trace, path: str, jobs: int) -> float:
