@@ -73,13 +73,16 @@ CLOSED_LOOP_EXACT = [c.name for c in CONFIGS]
 # It asserts a looser p50 (still failing the 30% of the loop before its fixes). mamba-lpm's earlier drifts were a client
 # abort of a chunked prefill, which the loop kept prefilling (replay/loop/state.py, abort_chunked).
 CLOSED_LOOP_DRIFTING = {"dfs-weight"}
+# Requests the loop's waits are compared over: those admitted in both after the loop's start. How many
+# of the load's depends on timing (lpm's queue limit rejected more on one clean-clone run: 19 of them).
+MIN_COMPARED = 15
 
 
 @pytest.mark.parametrize("name", CLOSED_LOOP_EXACT)
 def test_the_stock_closed_loop_reproduces_the_recording(matrix: dict[str, Recorded], name: str) -> None:
     """Evolved by its own decisions, the stock arm admits each request when the server did."""
     check = run_closed_loop(matrix[name].trace, ["stock"]).self_check
-    assert check.requests >= 20 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert check.requests >= MIN_COMPARED and (check.recorded_only, check.loop_only) == (0, 0), check
     if name in CLOSED_LOOP_DRIFTING:
         assert check.wait_error_p50 <= 0.10, check
         return
