@@ -10,7 +10,8 @@ Use them like this::
 
 ``sandbox`` is the tiny Llama under KV pressure; ``mamba_sandbox`` and
 ``swa_sandbox`` are the two hybrid models under their own overload, started
-together (in parallel) by ``hybrid_sandboxes``.
+together (in parallel) by ``hybrid_sandboxes``; ``armed_sandbox`` runs a
+user's arm live, with a small writer queue.
 
 Tests marked ``@pytest.mark.own_server`` start and stop their own server;
 they are moved to the front of the run so that they finish before a shared
@@ -26,12 +27,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from repro_traces import latch_diff
 from schedtrace.testing.matrix import MatrixRecording, Recorded
 from schedtrace.testing.requests import VOCAB_SIZE, generate, random_input_ids  # noqa: F401 (tests import them from here)
+from schedtrace.tracer.contract.names import QUEUE_ENV
 from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 
 # The tests `schedtrace repro` emitted (tests/repro_emitted/) fail on stock sglang by
@@ -39,7 +43,7 @@ from schedtrace.tracer.sandbox.server import KV_PRESSURE_ARGS, SandboxServer
 collect_ignore_glob = ["repro_emitted/test_*.py"]
 
 # Shared-server fixtures, in the order their tests run (after own_server tests).
-SERVER_FIXTURES = ("hybrid_sandboxes", "sandbox")
+SERVER_FIXTURES = ("hybrid_sandboxes", "armed_sandbox", "sandbox")
 HYBRID_MODELS = ("hybrid-mamba", "hybrid-swa")
 _running: dict[str, Callable[[], None]] = {}  # shared-server fixture -> its stop()
 # The policy matrix's servers record in the background, one at a time, from the first test of the
@@ -163,6 +167,28 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxServer]
     )
     with shared_servers("sandbox", [server]):
         yield server
+
+
+WRITER_QUEUE = 16  # armed_sandbox's writer queue: what a kill -9 can take is few records, and bounded
+
+
+@dataclass(frozen=True)
+class ArmedSandbox:
+    server: SandboxServer
+    diff: Path  # the user's arm it runs: the latch fix as a diff that logs LIVE_MARKER
+
+
+@pytest.fixture(scope="session")
+def armed_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArmedSandbox]:
+    """The tiny Llama at its default arguments with a user's arm applied live (``SCHEDTRACE_FIXES``
+    naming a diff file), recording with a small writer queue (``SCHEDTRACE_QUEUE``). The live arm
+    test reads its log; the kill -9 test, marked ``stops_shared_server``, kills its scheduler last."""
+    base = tmp_path_factory.mktemp("armed")
+    diff = latch_diff(base / "latch-live.diff", marker=True)
+    server = SandboxServer(fixes=str(diff), trace_dir=base / "traces", log_path=base / "server.log",
+                           env={QUEUE_ENV: str(WRITER_QUEUE)})
+    with shared_servers("armed_sandbox", [server]):
+        yield ArmedSandbox(server, diff)
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,15 @@ Each builder writes a small, cleanly closed trace whose passes hold a
 realistic scheduler state (the sandbox's shape: 40k-token KV, 8192-token
 chunks, 12 running requests) and whose recorded outputs are what stock
 sglang 0.5.23 decided on it, so the stock arm replays them with full fidelity.
+``latch_diff`` writes the latch fix alone as a user's diff.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from schedtrace.arms.shipped import BUILTIN_DIFF_PATH
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import write_trace
 from schedtrace.tracer.contract.schema import (
@@ -157,3 +160,22 @@ def aiter_trace(path: Path) -> Path:
         ),
     ]
     return write_trace(path, header(), records)
+
+
+# What the live variant of the diff logs each time its changed line runs.
+LIVE_MARKER = "schedtrace-live-arm: batch_is_full re-evaluated"
+
+
+def latch_diff(path: Path, *, marker: bool = False) -> Path:
+    """The latch fix alone, as its diff section of builtin-fixes.diff (``marker``: plus a log line
+    ``LIVE_MARKER``, to see it run in a live server), written to ``path``."""
+    sections = re.split(r"(?=^diff --git )", BUILTIN_DIFF_PATH.read_text(), flags=re.M)
+    text = next(s for s in sections if s.startswith("diff --git") and "managers/scheduler.py" in s.splitlines()[0])
+    if marker:
+        new = "+        running_batch.batch_is_full = False\n"
+        assert text.count(new) == 1
+        text = text.replace(new, new + f'+        logger.warning("{LIVE_MARKER}")\n')
+        head = re.search(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text)
+        text = text.replace(head.group(0), f"@@ -{head[1]},{head[2]} +{head[3]},{int(head[4]) + 1} @@")
+    path.write_text(text)
+    return path

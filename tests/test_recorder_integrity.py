@@ -32,7 +32,6 @@ from schedtrace.tracer.contract.names import (
     LOSS_PAUSED,
     LOSS_RING,
     LOSS_WRITE_ERROR,
-    QUEUE_ENV,
 )
 from schedtrace.tracer.contract.schema import (Alloc, Arrival, Clock, Finish, KvSnapshot, Loss, Pass, RunningReq,
                                                WaitingReq)
@@ -545,49 +544,44 @@ def test_a_directory_lost_before_the_first_record_is_one_line_and_off(tmp_path: 
 # --- kill -9 of a live scheduler -------------------------------------------------------
 
 
-QUEUE = 16  # a small writer queue, so the records a kill can take are few and bounded
+@pytest.mark.stops_shared_server
+def test_kill9_mid_load_keeps_everything_written(armed_sandbox) -> None:
+    """A kill -9 of the scheduler under load (the shared ``armed_sandbox``, as its last test). What the
+    writer wrote reads back, and what it held in memory is bounded as the README says: the queue
+    (``SCHEDTRACE_QUEUE``, small here) and the batch it had taken from it but not written, beside the
+    losses the trace itself records."""
+    from conftest import WRITER_QUEUE, generate
 
+    server = armed_sandbox.server
+    trace_dir = server.trace_dir
+    first = [f"k9-a{i}" for i in range(6)]
+    for rid in first:
+        generate(server, rid, 300, 4)
+    wait_for(lambda: first_settled(live_records(trace_dir), first),
+             "the first requests' finishes on disk, or their loss counted (no close needed)", timeout_s=60)
+    (path,) = trace_dir.glob("*.trace")
+    with TraceReader(path) as reader:
+        scheduler_pid = reader.header.pid
+    done: list[str] = []
 
-@pytest.mark.own_server
-def test_kill9_mid_load_keeps_everything_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kill -9 of the scheduler under load. What the writer wrote reads back, and what it held
-    in memory is bounded as the README says: the queue (``SCHEDTRACE_QUEUE``) and the batch it
-    had taken from it but not written, beside the losses the trace itself records."""
-    from conftest import generate
-
-    from schedtrace.tracer.sandbox.server import SandboxServer
-
-    monkeypatch.setenv(QUEUE_ENV, str(QUEUE))
-    trace_dir = tmp_path / "traces"
-    with SandboxServer(trace_dir=trace_dir, log_path=tmp_path / "server.log") as server:
-        first = [f"k9-a{i}" for i in range(6)]
-        for rid in first:
-            generate(server, rid, 300, 4)
-        wait_for(lambda: first_settled(live_records(trace_dir), first),
-                 "the first requests' finishes on disk, or their loss counted (no close needed)", timeout_s=60)
-        (path,) = trace_dir.glob("*.trace")
-        with TraceReader(path) as reader:
-            scheduler_pid = reader.header.pid
-        done: list[str] = []
-
-        def send(n: int) -> None:
-            rid = f"k9-b{n}"
-            try:
-                generate(server, rid, 200 + 50 * (n % 7), 4, timeout_s=120)
-            except Exception:  # the scheduler is gone: this one never finished
-                return
-            done.append(rid)
-
-        pool = ThreadPoolExecutor(4)
-        for n in range(400):
-            pool.submit(send, n)
+    def send(n: int) -> None:
+        rid = f"k9-b{n}"
         try:
-            wait_for(lambda: len(done) >= 3 * QUEUE, "requests finishing under load", timeout_s=300)
-        finally:
-            os.kill(scheduler_pid, signal.SIGKILL)
-            finished_before_kill = set(done)
-            server.stop()  # the rest of the server: the requests in flight fail now
-            pool.shutdown(wait=True, cancel_futures=True)
+            generate(server, rid, 200 + 50 * (n % 7), 4, timeout_s=120)
+        except Exception:  # the scheduler is gone: this one never finished
+            return
+        done.append(rid)
+
+    pool = ThreadPoolExecutor(4)
+    for n in range(400):
+        pool.submit(send, n)
+    try:
+        wait_for(lambda: len(done) >= 3 * WRITER_QUEUE, "requests finishing under load", timeout_s=300)
+    finally:
+        os.kill(scheduler_pid, signal.SIGKILL)
+        finished_before_kill = set(done)
+        server.stop()  # the rest of the server: the requests in flight fail now
+        pool.shutdown(wait=True, cancel_futures=True)
     with TraceReader(path) as reader:
         assert not reader.closed_cleanly and reader.gaps == []
         records = [r for _, r in reader.records()][1:]
@@ -599,7 +593,7 @@ def test_kill9_mid_load_keeps_everything_written(tmp_path: Path, monkeypatch: py
     # The small queue may drop a record of the first requests too: then the trace says so.
     assert len(set(first) - finished) <= dropped and len(finished - arrived) <= dropped
     missing = finished_before_kill - finished
-    assert len(missing) <= 2 * QUEUE + dropped, (len(missing), dropped)
+    assert len(missing) <= 2 * WRITER_QUEUE + dropped, (len(missing), dropped)
 
 
 def first_settled(records: list, rids: list[str]) -> bool:
