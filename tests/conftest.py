@@ -46,10 +46,9 @@ collect_ignore_glob = ["repro_emitted/test_*.py"]
 SERVER_FIXTURES = ("hybrid_sandboxes", "armed_sandbox", "sandbox")
 HYBRID_MODELS = ("hybrid-mamba", "hybrid-swa")
 _running: dict[str, Callable[[], None]] = {}  # shared-server fixture -> its stop()
-# The policy matrix's servers record in the background, one at a time, from the first test of the
-# last shared server on (idle servers sleep: --sleep-on-idle); its own tests run last and wait for them.
+# The policy matrix's servers record in the background, one at a time, from the first test that needs
+# no server on (after the shared servers stopped); its own tests run last and wait for them.
 MATRIX_FIXTURE = "matrix"
-MATRIX_FROM_GROUP = len(SERVER_FIXTURES)  # the run group of "sandbox", the last shared server
 _matrix: list[MatrixRecording] = []
 
 
@@ -83,8 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """From the first test of the last shared server on, the matrix records beside the tests."""
-    if _matrix or _run_group(item) < MATRIX_FROM_GROUP:
+    """From the first test that needs no server on, the matrix records beside the tests."""
+    if _matrix or _run_group(item) <= len(SERVER_FIXTURES):
         return
     if any(MATRIX_FIXTURE in later.fixturenames for later in item.session.items):
         _matrix.append(MatrixRecording(item.config._tmp_path_factory.mktemp("matrix")))

@@ -13,7 +13,7 @@ orders drawn by ``random``, dfs-weight's walk over cached prefixes,
 priorities, and mixed batches.
 
 The servers record once per session (the `matrix` fixture, tests/conftest.py): one at a time in
-the background from the shared sandbox's tests on, the rest two at a time when these start.
+the background while the tests that need no server run, the rest two at a time when these start.
 """
 
 from __future__ import annotations

@@ -75,9 +75,8 @@ class MatrixRecording:
     """Every configuration recorded, one server at a time, from ``start`` on in a background thread;
     ``result`` records the rest beside it (two at a time) and returns them all by name.
 
-    A test session starts it with the shared sandbox's tests, and it records while those and the
-    tests that need no server run, on the core their one thread leaves idle (tests/conftest.py),
-    so the matrix costs little wall time of its own."""
+    A test session starts it while the tests that need no server run, on the core their one
+    thread leaves idle (tests/conftest.py), so the matrix costs little wall time of its own."""
 
     def __init__(self, base: Path, configs: tuple[Config, ...] = CONFIGS) -> None:
         self.base = base
