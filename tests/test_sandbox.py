@@ -114,6 +114,8 @@ def test_ranks_choose_their_flags_stand_ins_and_cores() -> None:
     assert env["PYTHONPATH"].endswith(os.pathsep + "/elsewhere")
     assert "SCHEDTRACE_DIR" not in env  # tracing only when asked for
     assert THREADS_BIND_ENV not in SandboxServer().environment({})
+    assert SandboxServer().environment({})["OMP_NUM_THREADS"] == "1"  # one thread, unless told
+    assert SandboxServer().environment({"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "2"
 
 
 def test_overload_and_model_flags_come_before_the_callers(tmp_path: Path) -> None:

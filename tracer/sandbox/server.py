@@ -67,6 +67,11 @@ SERVER_ENV: dict[str, str] = {
 }
 # sglang on CPU asserts this is set for more than one rank: the cores each rank's OpenMP threads use.
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+# One OpenMP thread per process unless the caller sets more: the tiny models' ops are too small to
+# split, and a second thread spinning between them took 10-15 s of CPU per matrix server (80 s against
+# 66-76 s), CPU the other servers and tests sharing these cores need. Decides nothing.
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
+DEFAULT_OMP_THREADS = "1"
 
 DEFAULT_START_TIMEOUT_S = 300.0  # ~40 s alone on 2 cores; 100+ s when shared
 
@@ -94,6 +99,7 @@ def server_env(
     """The server's environment: CPU engine, stand-ins, rank binding, tracing switches."""
     env = dict(base)
     env.update(SERVER_ENV)
+    env.setdefault(OMP_THREADS_ENV, DEFAULT_OMP_THREADS)
     python_path = [str(SITE_DIR)]
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
