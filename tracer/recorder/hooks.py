@@ -64,6 +64,6 @@ def make_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
     """(dotted target, AROUND hook) pairs for every hook point of ``rec``."""
     return [
         *[(target, factory(rec)) for target, factory in HOOK_TABLE],
-        *alloc_hooks(rec),  # one factory for them all: they share the nesting flag
+        *alloc_hooks(rec),  # their own table: the allocator hooks share one nesting flag (AllocNesting)
         *[(target, rec.lock_probe.hook) for target in LOCK_TARGETS],
     ]

@@ -1,7 +1,10 @@
 """The allocator hooks: one ``Alloc`` per outermost KV allocation, the mamba state slots by tally.
 
-They share one flag: composite allocators (SWA, paged) call their
-sub-allocators, and only the outermost call is recorded.
+Each factory takes the ``Recorder`` and the ``AllocNesting`` its hooks share
+and returns one AROUND hook; ``alloc_hooks`` pairs them with the targets
+(``targets.ALLOC_TARGETS``, ``MAMBA_ROWS_TARGET``). They share one flag:
+composite allocators (SWA, paged) call their sub-allocators, and only the
+outermost call is recorded.
 """
 
 from __future__ import annotations
@@ -38,49 +41,57 @@ def alloc_op(cls: str, method: str) -> str:
     return MAMBA_ALLOC if cls.startswith("mamba.") else method
 
 
-def alloc_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
-    """(target, hook) for every allocator method and the mamba request-row binding."""
+class AllocNesting:
+    """What one recorder's allocator hooks share (slots: a flag read costs one attribute)."""
+
+    __slots__ = ("in_alloc", "rows_tally")
+
+    def __init__(self) -> None:
+        self.in_alloc = False  # inside an allocator hook: composite allocators call their sub-allocators
+        self.rows_tally: SlotTally | None = None  # a request-row binding outside a pass: its slots' tally
+
+
+def kv_alloc_hook(rec: Recorder, nest: AllocNesting, op: str) -> Hook:
+    """A KV allocator method: one ``Alloc`` per outermost call, what it asked and whether it got it."""
     hook_failed, on_alloc = rec.hook_failed, rec.on_alloc
-    in_alloc = False  # inside an allocator hook: composite allocators call their sub-allocators
-    open_slots, close_slots, slot_refused = rec.open_slots, rec.close_slots, rec.slot_refused
-    rows_tally: SlotTally | None = None  # a request-row binding outside a pass: its slots' tally
+    requested_of = ALLOC_REQUESTED[op]
 
-    def make_alloc_hook(op: str) -> Hook:
-        if op == MAMBA_ALLOC:
-            return mamba_alloc_hook
-        requested_of = ALLOC_REQUESTED[op]
+    def hook(original, allocator, *args, **kwargs):
+        if nest.in_alloc:
+            return original(allocator, *args, **kwargs)
+        try:
+            requested = requested_of(args, kwargs)
+            available = allocator.available_size()
+        except Exception as exc:
+            hook_failed(op, exc)
+            return original(allocator, *args, **kwargs)
+        nest.in_alloc = True
+        try:
+            result = original(allocator, *args, **kwargs)
+        finally:
+            nest.in_alloc = False
+        try:
+            on_alloc(op, requested, available, result is not None)
+        except Exception as exc:
+            hook_failed(op, exc)
+        return result
 
-        def alloc_hook(original, allocator, *args, **kwargs):
-            nonlocal in_alloc
-            if in_alloc:
-                return original(allocator, *args, **kwargs)
-            try:
-                requested = requested_of(args, kwargs)
-                available = allocator.available_size()
-            except Exception as exc:
-                hook_failed(op, exc)
-                return original(allocator, *args, **kwargs)
-            in_alloc = True
-            try:
-                result = original(allocator, *args, **kwargs)
-            finally:
-                in_alloc = False
-            try:
-                on_alloc(op, requested, available, result is not None)
-            except Exception as exc:
-                hook_failed(op, exc)
-            return result
+    return hook
 
-        return alloc_hook
 
-    def mamba_alloc_hook(original, allocator, *args, **kwargs):
-        # Each state slot is counted into a tally (capture.SlotTally), one record for many:
-        # the pass's, opened at its first slot; outside a pass a row binding's, else the
-        # call's own. ``MambaSlotAllocator.alloc`` calls no other allocator.
-        if in_alloc:
+def mamba_alloc_hook(rec: Recorder, nest: AllocNesting) -> Hook:
+    """``MambaSlotAllocator.alloc``: its state slots counted into a tally (``capture.SlotTally``).
+
+    One record for many: the pass's tally, opened at its first slot; outside a
+    pass a row binding's, else the call's own. It calls no other allocator.
+    """
+    hook_failed, open_slots, close_slots, slot_refused = rec.hook_failed, rec.open_slots, rec.close_slots, rec.slot_refused
+
+    def hook(original, allocator, *args, **kwargs):
+        if nest.in_alloc:
             return original(allocator, *args, **kwargs)
         cap = rec.capture
-        tally = rows_tally or (cap.slots if cap is not None else None)
+        tally = nest.rows_tally or (cap.slots if cap is not None else None)
         alone = False
         try:
             if tally is None:
@@ -102,28 +113,48 @@ def alloc_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
                 hook_failed(MAMBA_ALLOC, exc)
         return result
 
-    def mamba_rows_hook(original, req_pool, *args, **kwargs):
-        # A state slot per new request of the batch, one call each. In a pass they go into
-        # the pass's tally; outside one, the binding is one record of its own.
-        nonlocal rows_tally
-        if in_alloc or rows_tally is not None or rec.capture is not None:
+    return hook
+
+
+def mamba_rows_hook(rec: Recorder, nest: AllocNesting) -> Hook:
+    """``HybridReqToTokenPool.alloc``: a state slot per new request of the batch, one call each.
+
+    In a pass they go into the pass's tally; outside one, the binding is one
+    record of its own (``nest.rows_tally`` while it runs).
+    """
+    hook_failed, open_slots, close_slots = rec.hook_failed, rec.open_slots, rec.close_slots
+
+    def hook(original, req_pool, *args, **kwargs):
+        if nest.in_alloc or nest.rows_tally is not None or rec.capture is not None:
             return original(req_pool, *args, **kwargs)
         try:
-            tally = rows_tally = open_slots(req_pool.mamba_allocator.free_slots)
+            tally = nest.rows_tally = open_slots(req_pool.mamba_allocator.free_slots)
         except Exception as exc:
             hook_failed(MAMBA_ALLOC, exc)
             return original(req_pool, *args, **kwargs)
         try:
             return original(req_pool, *args, **kwargs)  # "Not enough space for mamba cache" raises here
         finally:
-            rows_tally = None
+            nest.rows_tally = None
             if tally.asked:
                 try:
                     close_slots(tally)
                 except Exception as exc:
                     hook_failed(MAMBA_ALLOC, exc)
 
+    return hook
+
+
+def allocator_hook(rec: Recorder, nest: AllocNesting, cls: str, method: str) -> Hook:
+    """The hook of one ``ALLOCATOR_METHODS`` entry: the mamba slots' or a KV method's."""
+    op = alloc_op(cls, method)
+    return mamba_alloc_hook(rec, nest) if op == MAMBA_ALLOC else kv_alloc_hook(rec, nest, op)
+
+
+def alloc_hooks(rec: Recorder) -> list[tuple[str, Hook]]:
+    """(target, hook) for every allocator method and the mamba request-row binding, sharing one ``AllocNesting``."""
+    nest = AllocNesting()
     return [
-        *[(target, make_alloc_hook(alloc_op(cls, method))) for target, (cls, method) in zip(ALLOC_TARGETS, ALLOCATOR_METHODS)],
-        (MAMBA_ROWS_TARGET, mamba_rows_hook),
+        *[(target, allocator_hook(rec, nest, cls, method)) for target, (cls, method) in zip(ALLOC_TARGETS, ALLOCATOR_METHODS)],
+        (MAMBA_ROWS_TARGET, mamba_rows_hook(rec, nest)),
     ]
