@@ -34,7 +34,7 @@ class Config:
 CONFIGS = (
     # lpm with mixed chunks, a per-pass request cap and a queue limit that rejects
     Config("lpm", ("--schedule-policy", "lpm", "--enable-mixed-chunk", "--prefill-max-requests", "3",
-                   "--max-queued-requests", "14")),
+                   "--max-queued-requests", "6")),
     # dfs-weight under sglang's retraction test hook, two decode steps per pass
     Config("dfs-weight", ("--schedule-policy", "dfs-weight", "--num-continuous-decode-steps", "2"),
            env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"}),
