@@ -55,6 +55,7 @@ from schedtrace.replay.state import (
     RecordedSWAAllocator,
     RecordedTreeCache,
 )
+from schedtrace.replay.loop.draws import RANDOM
 from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
 from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
@@ -151,7 +152,7 @@ class PassDriver:
             )
         # calc_priority's order is a decision output (Decision.queue_order); under ``random``
         # it is the recorded one (Pass.order), since the draw cannot be made again.
-        self._random = args.schedule_policy == "random"
+        self._random = args.schedule_policy == RANDOM
         self._routing = args.schedule_policy == ROUTING_KEY
         self.policy.calc_priority = self._calc_priority
         self._order: list[int] | None = None
@@ -223,7 +224,7 @@ class PassDriver:
 
     def _recorded_shuffle(self, waiting_queue: list) -> None:
         """``SchedulePolicy._sort_randomly`` in replay: the recorded draw."""
-        order = self._recorded_indexes(len(waiting_queue), "random")
+        order = self._recorded_indexes(len(waiting_queue), RANDOM)
         waiting_queue[:] = [waiting_queue[i] for i in order]
 
     def _recorded_indexes(self, n: int, policy: str) -> list[int]:

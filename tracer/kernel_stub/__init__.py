@@ -107,7 +107,7 @@ def hide_cute_dsl() -> None:
     """Make flashinfer's optional CuTe DSL (``cutlass``) look not installed here.
 
     It drives NVIDIA GPUs only, and importing it costs 1-5 s of every sglang
-    import on this machine (docs/performance.md). flashinfer probes it with
+    import on this machine (docs/sandbox.md). flashinfer probes it with
     ``find_spec``, which answers None for a ``None`` entry in ``sys.modules``,
     and falls back as on any machine without ``nvidia-cutlass-dsl``; sglang's
     server code never imports it. For processes that run no kernel: the
