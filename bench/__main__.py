@@ -18,6 +18,7 @@ BENCHES = (
     "bench.bench_tui",
     "bench.bench_sandbox_ab",
     "bench.bench_sandbox_speed",
+    "bench.bench_sandbox_start",
     "bench.bench_format",
     "bench.bench_ranks",
     "bench.bench_repro",

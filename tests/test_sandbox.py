@@ -17,6 +17,7 @@ import pytest
 from conftest import generate, log_size
 
 from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.contract.names import START_METHOD_ENV
 from schedtrace.tracer.sandbox.models import MODELS, model
 from schedtrace.tracer.sandbox.server import THREADS_BIND_ENV, SandboxServer, rank_args, threads_bind
 from schedtrace.tracer.sandbox.standins import STAND_INS, STANDINS_ENV, check_names
@@ -140,6 +141,27 @@ def test_import_hooks_run_around_the_named_module_only(tmp_path: Path, monkeypat
     assert seen.order == ["before", "module ran", "after VALUE=1"]
     after_import("hooked_mod", lambda module: seen.order.append("already imported: now"))
     assert seen.order[-1] == "already imported: now"
+
+
+START_METHOD_PROBE = "import multiprocessing as mp; mp.set_start_method('spawn', force=True); print(mp.get_start_method())"
+
+
+def test_server_processes_fork_their_children_unless_told_to_spawn() -> None:
+    def start_method(environ: dict[str, str]) -> str:
+        env = SandboxServer().environment(environ)
+        out = subprocess.run([sys.executable, "-c", START_METHOD_PROBE], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip()
+
+    base = {k: v for k, v in os.environ.items() if k != START_METHOD_ENV}
+    assert start_method(base) == "fork"  # sglang asks for spawn; the sandbox forks
+    assert start_method(base | {START_METHOD_ENV: "spawn"}) == "spawn"
+    plain = subprocess.run([sys.executable, "-c", START_METHOD_PROBE], env=base, capture_output=True, text=True,
+                           timeout=120)
+    assert plain.stdout.strip() == "spawn"  # outside the sandbox nothing changes
+    with pytest.raises(UsageError, match=f"{START_METHOD_ENV}='vfork': expected 'fork' or 'spawn'"):
+        SandboxServer().environment(base | {START_METHOD_ENV: "vfork"})
 
 
 SITE_PROBE = textwrap.dedent("""

@@ -58,6 +58,7 @@ FIXED: Final = "fixed"
 # ARM_DIGEST_CHARS hex digits of its content's sha256.
 ARM_DIGEST_CHARS: Final = 12
 STANDINS_ENV: Final = "SCHEDTRACE_SANDBOX_STANDINS"  # set by SandboxServer for its own processes only
+START_METHOD_ENV: Final = "SCHEDTRACE_SANDBOX_START_METHOD"  # "fork" (default) or "spawn", sglang's own
 # sglang's platform switch, read once when sglang is first imported: set it before that.
 SGLANG_CPU_ENGINE_ENV: Final = "SGLANG_USE_CPU_ENGINE"
 ARM_FILES_ENV: Final = "SCHEDTRACE_ARM_FILES"  # the arm files a process loaded, for the processes it starts

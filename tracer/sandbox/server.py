@@ -40,6 +40,7 @@ from schedtrace.tracer.sandbox.process import (
     stop_process_group,
 )
 from schedtrace.tracer.sandbox.standins import STANDINS_ENV, env_value
+from schedtrace.tracer.sandbox.start_method import chosen as chosen_start_method
 
 SITE_DIR = Path(__file__).resolve().parent / "site"  # its sitecustomize arms the stand-ins
 MODEL_DIR = find_model(DEFAULT_MODEL).model_dir  # the default model's folder (config + tokenizer)
@@ -100,6 +101,7 @@ def server_env(
     env = dict(base)
     env.update(SERVER_ENV)
     env.setdefault(OMP_THREADS_ENV, DEFAULT_OMP_THREADS)
+    chosen_start_method(env)  # a bad value fails here, in one line, not in every server process
     python_path = [str(SITE_DIR)]
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
