@@ -92,7 +92,8 @@ def run_arm(
     pools = loop.pools
     ratio, retract_every = loop.ratio_rule, loop.retract_every
     totals = state.pool_totals()
-    # dfs-weight breaks ties by its tree's branch order (schedtrace.replay.loop.tree_order)
+    # Ties only the server's tree or text could break: dfs-weight's branch order
+    # (schedtrace.replay.loop.tree_order), routing-key's key text (schedtrace.replay.routing_keys)
     tie_order = loop.tie_order
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
@@ -132,7 +133,7 @@ def run_arm(
             )
             order = loop.draws.order_at(loop.start_iteration + step, p.waiting) if loop.draws else None
             if order is None and tie_order is not None:
-                order = tie_order.creation_order(p.waiting)
+                order = tie_order.queue_order(p.waiting)
             p = msgspec.structs.replace(p, idle_before=idle, order=order)
             idle = 0
             decision = _decide(driver, p, arm, state)

@@ -195,6 +195,6 @@ def test_a_closed_loop_breaks_dfs_weight_ties_by_the_branch_the_tree_made_first(
     waiting = [WaitingReq(rid, 700, 0, 50, 600) for rid in ("f1m1", "f0m1")]
     p = builders.pass_record(0, waiting=waiting, kv=KvSnapshot(available=200, evictable=0), req_slots_free=8)
     ages = BlockAges(BLOCK, arrivals)
-    with_ages = msgspec.structs.replace(p, order=ages.creation_order(waiting))
+    with_ages = msgspec.structs.replace(p, order=ages.queue_order(waiting))
     assert in_order(["f1m1", "f0m1"], driver.decide(with_ages, "stock").queue_order) == ["f0m1", "f1m1"]
     assert driver.decide(p, "stock").queue_order is None  # queue order alone keeps f1's member first

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from schedtrace.replay.routing_keys import keys_renamed, recorded_names
+from schedtrace.tracer.contract.order import order_indexes
 
 
 def sort_by_routing_key(waiting: list, running: list) -> list[str]:
@@ -48,3 +49,50 @@ def test_counts_are_still_sglangs_own() -> None:
     running = reqs({"r1": "2", "r2": "2", "r3": "1"})  # key 2 runs twice: it goes first
     with keys_renamed([*waiting, *running], names):
         assert sort_by_routing_key(waiting, running) == ["b", "a"]
+
+
+def test_a_closed_loop_learns_the_key_text_order_from_the_recorded_passes() -> None:
+    """A queue the recording never saw: KeyTextOrder, taught by recorded passes whose sort broke
+    ties, names its keys so that sglang's own sort orders it as the server's text would."""
+    import random
+
+    from schedtrace.replay.routing_keys import KeyTextOrder
+    from schedtrace.testing.builders import pass_record
+    from schedtrace.tracer.contract.order import order_runs
+    from schedtrace.tracer.contract.schema import Arrival, RunningReq, WaitingReq
+
+    texts = {f"family-{i}": str(9000 - 997 * i) for i in range(5)}  # ids sort against the text
+    rng = random.Random(7)
+
+    def queue(tag: str, n: int) -> dict[str, str | None]:
+        return {f"{tag}-{i}": rng.choice([*texts, None]) for i in range(n)}
+
+    learnt = KeyTextOrder()
+    every: dict[str, str | None] = {}
+    for step in range(12):  # the recording: each pass's order is the server's sort, by text
+        waiting, running = queue(f"w{step}", 6), queue(f"r{step}", 2)
+        every |= waiting | running
+        for rid, text in (waiting | running).items():
+            learnt.note(Arrival(t_ns=step, rid=rid, input_len=1, max_new_tokens=1,
+                                routing_key=None if text is None else int(texts[text])))
+        on_server = sort_by_routing_key(reqs(waiting), reqs(running))
+        if on_server == list(waiting) or not any(running.values()):
+            continue  # the recorder writes no order for these
+        learnt.observe(pass_record(
+            step, waiting=[WaitingReq(rid, 1, 0, 1, 0) for rid in waiting],
+            running=[RunningReq(rid, 1, 1, 1) for rid in running],
+            order=order_runs([list(waiting).index(rid) for rid in on_server])))
+    assert learnt.pairs > 0
+
+    for trial in range(20):  # the loop's own queues
+        waiting, running = queue(f"loop{trial}", 7), queue(f"loop-run{trial}", 3)
+        for rid, text in (waiting | running).items():
+            learnt.note(Arrival(t_ns=99, rid=rid, input_len=1, max_new_tokens=1,
+                                routing_key=None if text is None else int(texts[text])))
+        on_server = sort_by_routing_key(reqs(waiting), reqs(running))
+        as_ids = {rid: None if t is None else texts[t] for rid, t in waiting.items()}
+        entry = reqs(as_ids)
+        run = reqs({rid: None if t is None else texts[t] for rid, t in running.items()})
+        runs = learnt.queue_order([WaitingReq(rid, 1, 0, 1, 0) for rid in waiting])
+        with keys_renamed([*entry, *run], recorded_names(entry, order_indexes(runs, len(entry)))):
+            assert sort_by_routing_key(entry, run) == on_server, trial

@@ -22,6 +22,7 @@ from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_order import BlockAges
+from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
 from schedtrace.replay.loop.clock import PassClock
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
@@ -60,6 +61,7 @@ class TraceScan:
     # (its prefill's result not yet processed), which the normal loop never shows. Only for traces
     # whose header does not say (``Header.overlap_schedule`` None).
     overlap: bool = False
+    key_text: KeyTextOrder | None = None  # under the routing-key policy, the keys' text order its passes show
 
     def position(self, pass_no: int) -> int:
         """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
@@ -91,7 +93,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     ended_early: dict[str, int] = {}
     processed: list[int | None] = []
     draws: list[Draw] = []
-    random_policy = reader.header.server_args.schedule_policy == RANDOM
+    policy = reader.header.server_args.schedule_policy
+    random_policy = policy == RANDOM
+    key_text = KeyTextOrder() if policy == ROUTING_KEY else None
     queue_lengths: list[int] = []
     numbers: list[int] = []
     first = reader.header.first_pass
@@ -115,6 +119,8 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             processed.append(record.processed_tokens)
             if random_policy:
                 draws.append((tuple(w.rid for w in record.waiting), record.order))
+            if key_text is not None and record.order is not None:
+                key_text.observe(record)
             overlap = overlap or any(r.output_len == 0 for r in record.running)
             _note_matches(matches, index, record)
             for admitted in record.admitted:
@@ -124,6 +130,8 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             it_records += max(record.count, 0)
         elif isinstance(record, Arrival):
             arrivals.append(record)
+            if key_text is not None:
+                key_text.note(record)
         elif isinstance(record, Finish):
             targets[record.rid] = record.output_len
             finished_ns.setdefault(record.rid, record.t_ns)
@@ -133,7 +141,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
         admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
-        overlap=overlap,
+        overlap=overlap, key_text=key_text,
     )
 
 
@@ -160,7 +168,9 @@ class LoopInput:
     overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
     # Every arrival record: what the driver's ArrivalBook keeps of each (prefix ids, hrrn's stamp).
     arrival_records: list[Arrival] = field(default_factory=list)
-    tie_order: BlockAges | None = field(default=None, compare=False, repr=False)  # dfs-weight's; arms share it
+    # How a loop's queue breaks ties the recording cannot order for it: dfs-weight's branch ages, or
+    # routing-key's key text. Arms share it.
+    tie_order: BlockAges | KeyTextOrder | None = field(default=None, compare=False, repr=False)
 
     def processed_at(self, iteration: int) -> int:
         """sglang's processed-tokens counter at scheduler pass ``iteration``: the recording's, as the
@@ -249,7 +259,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         matches=matches,
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
         arrival_records=scan.arrivals,
-        tie_order=BlockAges.for_loop(header, scan.arrivals),
+        tie_order=BlockAges.for_loop(header, scan.arrivals) or scan.key_text,
         draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
         leaves=sorted((max(scan.clock.record_after(t_ns) - start_iteration, 0), rid)

@@ -54,7 +54,7 @@ class BlockAges:
         unranked = self.LIMIT
         return tuple(self.first.get(block_id, unranked) for block_id in split_ids(data))
 
-    def creation_order(self, waiting: list[WaitingReq]) -> list[int] | None:
+    def queue_order(self, waiting: list[WaitingReq]) -> list[int] | None:
         """``Pass.order`` runs putting ``waiting`` in the order their branches were made (stable);
         None when the trace has no ids."""
         if self.block <= 0 or not self.ids:
