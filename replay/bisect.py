@@ -7,7 +7,7 @@ Stalls come from two places:
 * ``open-loop``: stock replayed on the recorded passes (``schedtrace.replay.engine``);
   the onset is a recorded pass number;
 * ``closed-loop``: stock living with its own decisions from ``from_pass``
-  (``schedtrace.replay.closed_loop``); the onset is a closed-loop pass number.
+  (``schedtrace.replay.loop.run``); the onset is a closed-loop pass number.
 
 For each stall:
 
@@ -37,7 +37,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from schedtrace.replay.closed_loop import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
+from schedtrace.replay.loop.run import ArmRun, LoopInput, TraceScan, load_input, run_arm, scan_trace
 from schedtrace.replay.differ import divergence_kinds
 from schedtrace.replay.scale.executor import Executor
 from schedtrace.tracer.analysis.holes import scan_holes

@@ -9,7 +9,7 @@ import pytest
 
 from pathlib import Path
 
-from schedtrace.replay.closed_loop import PassClock, load_input, run_arms, run_closed_loop, scan_trace
+from schedtrace.replay.loop.run import PassClock, load_input, run_arms, run_closed_loop, scan_trace
 from schedtrace.tracer.contract.report import ClosedLoop
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.format import TraceReader, write_trace
@@ -296,6 +296,34 @@ def test_a_match_follows_the_recording_as_it_grows_and_an_aborted_waiter_leaves(
     assert [len(p.waiting) for p in run.passes[:6]] == [2, 2, 2, 2, 1, 1]
     assert [p.waiting[0].prefix_len for p in run.passes[:8]] == [0, 0, 0, 129, 129, 129, 600, 600]
     assert run.finished_at["gone"] == 4 and "gone" not in run.outcome.first_admission_passes
+
+def test_a_waiter_aborted_alone_leaves_at_the_idle_pass_that_took_the_abort(tmp_path):
+    """With nothing else waiting, the pass that takes the abort is idle, so no pass record shows
+    it: the request leaves right after the last record that showed it waiting (pass 4), not at
+    the next pass record (pass 7), where a slot freed meanwhile would have let the loop admit it."""
+    gone = WaitingReq("gone", 900, 0, 20, 0, None, True)
+    running = [RunningReq("run", 3000, 100, 104, True)]
+    kv = KvSnapshot(available=30000, evictable=0)
+    latched = [make_pass(n, t_ns=n * MS, waiting=[gone], batch_is_full_in=True, batch_is_full_out=True,
+                         running=[msgspec.structs.replace(running[0], output_len=100 + n)], kv=kv, req_slots_free=10)
+               for n in range(4)]
+    later = make_pass(4, t_ns=200 * MS, waiting=[WaitingReq("next", 100, 0, 4, 0, None, True)], kv=kv,
+                      req_slots_free=10)
+    records = [Arrival(t_ns=0, rid="gone", input_len=900, max_new_tokens=20, ignore_eos=True), *latched,
+               Finish(t_ns=int(3.5 * MS), rid="gone", output_len=0, reason="abort"),
+               Finish(t_ns=4 * MS, rid="run", output_len=104, reason="length"),
+               Idle(t_ns=200 * MS, count=3),
+               Arrival(t_ns=199 * MS, rid="next", input_len=100, max_new_tokens=4, ignore_eos=True), later,
+               Finish(t_ns=300 * MS, rid="next", output_len=4, reason="length")]
+    trace = write_trace(tmp_path / "alone.trace", header(), records)
+    with TraceReader(trace) as reader:
+        scan = scan_trace(reader)
+        loop = load_input(reader, 0, scan)
+    assert scan.clock.record_after(int(3.5 * MS)) == 7  # the next pass record: three idle passes later
+    assert loop.leaves == [(4, "gone")]
+    run = run_arms(trace, ["stock"], loop=loop)["stock"]
+    assert run.finished_at["gone"] == 4 and "gone" not in run.outcome.first_admission_passes
+
 
 def test_overlap_scheduling_is_read_from_the_recording(tmp_path):
     """A running request without its first output is one whose prefill result is not processed

@@ -19,7 +19,7 @@ import pytest
 
 from test_hybrid_record import HybridRig, prompt, read  # noqa: E402  (imports sglang for the rig)
 
-from schedtrace.replay.closed_loop import _check_totals, run_arms
+from schedtrace.replay.loop.run import _check_totals, run_arms
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.engine import replay_trace
 from schedtrace.arms.fixes import FIX_NAMES

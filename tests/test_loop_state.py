@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from schedtrace.replay.closed_loop import PassClock
+from schedtrace.replay.loop.run import PassClock
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.state import LoopReq, LoopState, abort_chunked, apply_decision, ceil_page, to_pass
 from schedtrace.tracer.contract.report import Decision

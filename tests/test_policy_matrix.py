@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from schedtrace.replay.closed_loop import run_closed_loop
+from schedtrace.replay.loop.run import run_closed_loop
 from schedtrace.replay.driver import PassDriver
 from schedtrace.testing.matrix import CONFIGS, Recorded
 from schedtrace.replay.engine import replay_trace

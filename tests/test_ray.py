@@ -27,7 +27,7 @@ from schedtrace.arms.shipped import BUILTIN_DIFF_PATH
 from schedtrace.cli import run
 from schedtrace.replay.bisect import run_bisect
 from schedtrace.tracer.contract.report import dump_bisect
-from schedtrace.replay.closed_loop import load_input, run_arms
+from schedtrace.replay.loop.run import load_input, run_arms
 from schedtrace.replay.engine import replay_trace
 from schedtrace.replay.scale.executor import LocalExecutor
 from schedtrace.replay.scale.sweep import run_sweep, sweep_arm

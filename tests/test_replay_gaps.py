@@ -239,7 +239,7 @@ def test_a_closed_loop_past_the_hole_is_the_one_on_the_whole_copy(traces) -> Non
     """Pass numbers, not positions: the damaged copy's closed loop from a pass after its hole
     starts from that pass, places arrivals and prefix matches on the same steps, and checks
     itself against the same recorded waits as the copy the hole was made in."""
-    from schedtrace.replay.closed_loop import load_input, run_closed_loop, scan_trace
+    from schedtrace.replay.loop.run import load_input, run_closed_loop, scan_trace
 
     lost = sorted(set(range(traces["count"])) - set(traces["present"]))
     start = lost[-1] + 40

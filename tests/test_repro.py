@@ -196,7 +196,7 @@ def test_repro_stall_writes_a_minimal_trace_and_its_closed_loop_test(tmp_path, c
     assert "fails on base, passes with the fix: latch" in shown
     assert "6 requests, 10 passes → " in shown
     text = out.read_text()
-    assert "from schedtrace.replay.closed_loop import run_closed_loop" in text  # it says it imports schedtrace
+    assert "from schedtrace.replay.loop.run import run_closed_loop" in text  # it says it imports schedtrace
     check_or_update(EMITTED / STALL_MODULE, text)
     written, checked_in = out.with_suffix(".trace"), EMITTED / Path(STALL_MODULE).with_suffix(".trace").name
     if UPDATE:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedtrace.replay.closed_loop import run_closed_loop
+from schedtrace.replay.loop.run import run_closed_loop
 from schedtrace.replay.engine import replay_trace
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Arrival, Pass

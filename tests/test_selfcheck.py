@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedtrace.replay.closed_loop import run_closed_loop
+from schedtrace.replay.loop.run import run_closed_loop
 from schedtrace.replay.loop.selfcheck import concordance, quantile, self_check_lines, self_check_summary
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader, write_trace

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from schedtrace.cli import run
-from schedtrace.replay.closed_loop import load_input, run_closed_loop
+from schedtrace.replay.loop.run import load_input, run_closed_loop
 from schedtrace.replay.scale.executor import LocalExecutor
 from schedtrace.replay.scale.sweep import run_sweep, sweep_arm
 from schedtrace.replay.scale.sweep_grid import POLICIES, REFUSED_POLICIES, apply_config, grid_cells, parse_grid

@@ -15,7 +15,7 @@ grows as a shared prefix's chunks land).
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
@@ -62,6 +62,9 @@ class TraceScan:
     # whose header does not say (``Header.overlap_schedule`` None).
     overlap: bool = False
     key_text: KeyTextOrder | None = None  # under the routing-key policy, the keys' text order its passes show
+    # rid -> the scheduler pass after the last pass record that showed it waiting, for requests
+    # aborted while waiting: the pass that took the abort (an idle one, when nothing else waited).
+    waited_until: dict[str, int] = field(default_factory=dict)
 
     def position(self, pass_no: int) -> int:
         """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
@@ -98,6 +101,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     key_text = KeyTextOrder() if policy == ROUTING_KEY else None
     queue_lengths: list[int] = []
     numbers: list[int] = []
+    # rid -> the pass after the last pass record that showed it waiting (by each count of passes)
+    waited_records: dict[str, int] = {}
+    waited_before: dict[str, int] = {}
     first = reader.header.first_pass
     overlap = False
     it_records = it_before = 0
@@ -115,6 +121,14 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             by_idle_before.append((it_before, record.t_ns))
             it_records += max(record.repeat, 1)
             it_before += max(record.repeat, 1)
+            admitted_now = {a.rid for a in record.admitted}
+            for w in record.waiting:
+                if w.rid in admitted_now:
+                    waited_records.pop(w.rid, None)
+                    waited_before.pop(w.rid, None)
+                else:
+                    waited_records[w.rid] = it_records
+                    waited_before[w.rid] = it_before
             queue_lengths.append(len(record.waiting))
             processed.append(record.processed_tokens)
             if random_policy:
@@ -138,10 +152,12 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             if record.reason in LEFT_THE_QUEUE:
                 ended_early.setdefault(record.rid, record.t_ns)
     points = by_idle_records if seen_idle_record else by_idle_before
+    waited = waited_records if seen_idle_record else waited_before
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
         admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap, key_text=key_text,
+        waited_until={rid: waited[rid] for rid in ended_early if rid in waited},
     )
 
 
@@ -262,9 +278,17 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         tie_order=BlockAges.for_loop(header, scan.arrivals) or scan.key_text,
         draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
-        leaves=sorted((max(scan.clock.record_after(t_ns) - start_iteration, 0), rid)
+        leaves=sorted((max(_left_at(scan, rid, t_ns) - start_iteration, 0), rid)
                       for rid, t_ns in scan.ended_early.items() if rid in known),
     )
+
+
+def _left_at(scan: TraceScan, rid: str, t_ns: int) -> int:
+    """The scheduler pass that took ``rid``'s abort or rejection: right after the last record that
+    showed it waiting (the pass that took it may be idle, so unrecorded), else the first record
+    after it (a request that ran, or never waited in a recorded pass)."""
+    waited = scan.waited_until.get(rid)
+    return waited if waited is not None and scan.admitted_at.get(rid) is None else scan.clock.record_after(t_ns)
 
 
 def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
@@ -356,64 +380,6 @@ def default_max_passes(loop: LoopInput, stall_passes: int) -> int:
     return last_arrival + work + 4 * stall_passes + 64
 
 
-class ArrivalFeed:
-    """What reaches a closed loop from outside, step by step: the recorded
-    arrivals, and each request's recorded prefix match from its pass on."""
-
-    def __init__(self, loop: LoopInput) -> None:
-        self._arrivals = loop.arrivals
-        self._matches = loop.matches
-        self._leaves = loop.leaves
-        self._next_leave = 0
-        self.left: list[str] = []  # requests that left the queue unrun, for the caller to take
-        self.chunk_aborted: str | None = None  # the chunked request a client aborted, for the caller to end
-        self._next = self._next_match = 0
-        self._revealed: dict[str, tuple[int, int | None]] = {}
-        self.arrived: dict[str, int] = {r.rid: 0 for r in loop.initial.waiting}  # rid -> step it arrived
-
-    def feed(self, state: LoopState, step: int) -> None:
-        """Add to ``state`` what comes by ``step``."""
-        while self._next_match < len(self._matches) and self._matches[self._next_match][0] <= step:
-            _, rid, prefix, locked = self._matches[self._next_match]
-            self._next_match += 1
-            self._revealed[rid] = (prefix, locked)
-            for req in state.waiting:
-                if req.rid == rid:
-                    _reveal(req, prefix, locked)
-        while self._next < len(self._arrivals) and self._arrivals[self._next][0] <= step:
-            req = replace(self._arrivals[self._next][1])
-            self._next += 1
-            _reveal(req, *self._revealed.get(req.rid, (0, None)))
-            state.waiting.append(req)
-            self.arrived[req.rid] = step
-        while self._next_leave < len(self._leaves) and self._leaves[self._next_leave][0] <= step:
-            rid = self._leaves[self._next_leave][1]
-            self._next_leave += 1
-            # Aborted or rejected in the recording: it leaves a loop's queue then too, and a
-            # chunked prefill ends (a request this arm already runs, it keeps: its finish ends it).
-            kept = [r for r in state.waiting if r.rid != rid]
-            if len(kept) < len(state.waiting):
-                state.waiting = kept
-                self.left.append(rid)
-            elif state.chunked is not None and state.chunked.rid == rid:
-                self.chunk_aborted = rid
-
-    def next_event(self, state: LoopState) -> int | None:
-        """The next step something comes that can change ``state``'s decisions (None: nothing will)."""
-        steps = [self._arrivals[self._next][0]] if self._next < len(self._arrivals) else []
-        waiting = {r.rid for r in state.waiting if _revealable(r)}
-        steps += [step for step, rid, _, _ in self._matches[self._next_match:] if rid in waiting][:1]
-        return min(steps, default=None)
-
-    @property
-    def next_arrival(self) -> int | None:
-        return self._arrivals[self._next][0] if self._next < len(self._arrivals) else None
-
-    @property
-    def to_arrive(self) -> int:
-        return len(self._arrivals) - self._next
-
-
 def _note_matches(matches: dict[str, list[tuple[int, int, int | None]]], index: int, p) -> None:
     """The matches pass ``index`` shows that differ from each request's last one: its
     candidate row's where it has one (with the evictable part locking took), else its waiting row's."""
@@ -425,15 +391,3 @@ def _note_matches(matches: dict[str, list[tuple[int, int, int | None]]], index: 
         changes = matches.setdefault(rid, [])
         if not changes or changes[-1][1] != prefix or (locked is not None and changes[-1][2] != locked):
             changes.append((index, prefix, locked))
-
-
-def _revealable(req: LoopReq) -> bool:
-    """A fresh request (not one retracted, which lost its KV): the cache's match applies."""
-    return req.output_len == 0
-
-
-def _reveal(req: LoopReq, prefix: int, locked: int | None) -> None:
-    if prefix > 0 and _revealable(req):
-        req.prefix_len = min(prefix, req.input_len - 1)  # sglang always leaves one token to compute
-        # The rest of the match is shared with running requests (protected, not evictable).
-        req.prefix_cached = None if locked is None else min(locked, req.prefix_len)

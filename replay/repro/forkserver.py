@@ -32,7 +32,7 @@ from typing import IO, Final
 
 # What the emitted tests import; the rest each child imports itself.
 PRELOAD: Final = ("pytest", "sglang.srt.managers.scheduler", "sglang.test.test_utils",
-                  "schedtrace.replay.closed_loop")
+                  "schedtrace.replay.loop.run")
 START_TIMEOUT_S: Final = 300.0
 
 

@@ -26,7 +26,7 @@ import msgspec
 
 from schedtrace.replay.bisect import OPEN_LOOP, run_bisect
 from schedtrace.tracer.contract.report import StallFinding
-from schedtrace.replay.closed_loop import load_input, run_arms, scan_trace
+from schedtrace.replay.loop.run import load_input, run_arms, scan_trace
 from schedtrace.replay.driver import PassDriver
 from schedtrace.replay.loop.clock import DEFAULT_PASS_NS
 from schedtrace.replay.repro.ddmin import ddmin
@@ -191,7 +191,7 @@ def emit_stall_module(case: StallCase, found: MinimalTrace, trace_name: str) -> 
         "",
         "from pathlib import Path",
         "",
-        "from schedtrace.replay.closed_loop import run_closed_loop",
+        "from schedtrace.replay.loop.run import run_closed_loop",
         "from schedtrace.arms.variants import active_fixes, variant_label",
         "",
         f"TRACE = Path(__file__).with_name({lit(trace_name)})",

@@ -28,7 +28,7 @@ class _ArmDone(msgspec.Struct):
 
 
 def _arm_task(task: tuple) -> bytes:
-    from schedtrace.replay.closed_loop import run_arms
+    from schedtrace.replay.loop.run import run_arms
 
     loop, arm, stall_passes = task
     run = run_arms(None, [arm], stall_passes=stall_passes, loop=loop)[arm]
@@ -38,7 +38,7 @@ def _arm_task(task: tuple) -> bytes:
 def closed_loop_on(executor: Executor, source, arms: Sequence[str], *, from_pass: int,
                    stall_passes: int | None) -> ClosedLoop:
     """``closed_loop.run_closed_loop`` with one task per arm."""
-    from schedtrace.replay.closed_loop import ArmRun, closed_loop_report, load_input, scan_trace
+    from schedtrace.replay.loop.run import ArmRun, closed_loop_report, load_input, scan_trace
     from schedtrace.replay.engine import check_variants
 
     arms = list(dict.fromkeys(arms))

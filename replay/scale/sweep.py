@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from schedtrace.replay.closed_loop import run_arms
+from schedtrace.replay.loop.run import run_arms
 from schedtrace.replay.scale.executor import Executor, LocalExecutor
 from schedtrace.replay.loop.input import LoopInput, TraceScan, load_input, scan_trace
 from schedtrace.replay.loop.selfcheck import quantile, self_check

@@ -49,7 +49,7 @@ class RecordedPasses:
     """
 
     def __init__(self, reader, from_pass: int) -> None:
-        from schedtrace.replay.closed_loop import scan_trace
+        from schedtrace.replay.loop.run import scan_trace
 
         scan = scan_trace(reader)
         self._iterations = [iteration for iteration, _ in scan.points]

@@ -116,7 +116,7 @@ def _name(rank: RankTrace, run_ranks: int) -> str:
 
 def _reports(ranks: list[RankTrace], executor, activity: Activity, use_ray: bool, old: str, new: str, *,
              stall_passes: int, closed_loop: bool, from_pass: int) -> list[Report]:
-    from schedtrace.replay.closed_loop import run_closed_loop
+    from schedtrace.replay.loop.run import run_closed_loop
     from schedtrace.replay.engine import replay_trace
     from schedtrace.replay.scale.set_tasks import closed_loop_on, replay_ranks
 

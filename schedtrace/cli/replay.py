@@ -190,7 +190,7 @@ def _replay_all(ranks: tuple[RankTrace, ...], executor, activity: Activity, use_
     """Each rank's report: one rank per agreeing TP group replayed, the others its copies
     (``replay.rank_groups``). On Ray, a set of at least as many ranks to replay as workers runs
     a task per rank; else each rank's pass ranges (and closed-loop arms) are the tasks."""
-    from schedtrace.replay.closed_loop import run_closed_loop
+    from schedtrace.replay.loop.run import run_closed_loop
     from schedtrace.replay.engine import replay_trace
     from schedtrace.replay.rank_groups import copied_report, plan_ranks
     from schedtrace.replay.scale.set_tasks import closed_loop_on, replay_ranks

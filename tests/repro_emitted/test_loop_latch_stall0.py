@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schedtrace.replay.closed_loop import run_closed_loop
+from schedtrace.replay.loop.run import run_closed_loop
 from schedtrace.arms.variants import active_fixes, variant_label
 
 TRACE = Path(__file__).with_name("test_loop_latch_stall0.trace")

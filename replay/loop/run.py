@@ -30,8 +30,9 @@ from typing import Final
 
 import msgspec
 
+from schedtrace.replay.loop.feed import ArrivalFeed
 from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
-    ArrivalFeed, LoopInput, TraceScan, default_max_passes, initial_state, load_input, scan_trace,
+    LoopInput, TraceScan, default_max_passes, initial_state, load_input, scan_trace,
 )
 from schedtrace.replay.loop.state import LoopState, abort_chunked, apply_decision, to_pass, with_outputs
 from schedtrace.replay.loop.clock import PassClock
