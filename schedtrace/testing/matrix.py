@@ -48,6 +48,11 @@ CONFIGS = (
     Config("fcfs-low-first", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
                               "--priority-scheduling-preemption-threshold", "0"), priorities=True),
     Config("mamba-lpm", ("--schedule-policy", "lpm"), model="hybrid-mamba"),
+    # the hybrid pools under priority preemption, retraction and a queue limit
+    Config("mamba-priority", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
+                              "--priority-scheduling-preemption-threshold", "0", "--max-queued-requests", "6"),
+           model="hybrid-mamba", env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
+           priorities=True),
 )
 
 
