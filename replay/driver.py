@@ -169,15 +169,15 @@ class PassDriver:
         self._releases = NO_RELEASES  # this pass's (_load); none without priority preemption
 
     def note(self, record: Arrival | Finish | Retract | Pass) -> None:
-        """What a queued request carries between passes, from its arrival until its finish: its
-        prefix ids, priority and queue entry time. A retraction re-queues it, and so does a
-        priority preemption release, at the end of its pass (``_add_request_to_queue`` stamps
-        the entry time the next preemption ranks victims by)."""
+        """What a queued request carries between passes, from arrival to finish: prefix ids, priority, queue
+        entry time. A retraction re-queues it, as does a priority preemption release at the end of its
+        pass (``_add_request_to_queue`` stamps the entry time the next preemption ranks victims by)."""
         kind = type(record)
         if kind is Arrival:
             self.book.note(record)
         elif kind is Retract:
             self.book.requeued(record.rid, record.t_ns)
+            self._reqs.drop_running(record.rid)  # its Req from before holds the old entry time
         elif kind is Pass:
             if record.released:
                 self.requeue_released(record, [r.rid for r in record.released])
