@@ -289,33 +289,3 @@ def test_stand_in_takes_exactly_the_recorded_drop(tmp_path: Path, drop: int, adm
     assert decision.admitted == ([("cached", 1)] if admitted else [])
     # Admission keeps the prefix locked: the count left is what the pin did not take.
     assert driver.tree_cache.evictable == (700 - drop if admitted else 700)
-
-
-RETRACT_THEN_PREEMPT = Path(__file__).resolve().parent / "traces" / "mamba-retract-then-preempt.trace"
-
-
-def test_a_retracted_request_is_ranked_for_preemption_by_its_requeue() -> None:
-    """sglang preempts the newest queue entry of the lowest priority; a retraction re-queues a
-    request. The victim here was retracted after its rival of the same priority arrived, and
-    before that rival in arrival order: only its requeue time makes it the victim."""
-    from schedtrace.tracer.contract.schema import Arrival, Pass, Retract
-
-    arrived: dict[str, int] = {}
-    requeued: dict[str, int] = {}
-    priority: dict[str, int | None] = {}
-    ranked_by_requeue = []
-    with TraceReader(RETRACT_THEN_PREEMPT) as reader:
-        for _, record in reader.records():
-            if isinstance(record, Arrival):
-                arrived[record.rid], priority[record.rid] = record.t_ns, record.priority
-            elif isinstance(record, Retract):
-                requeued[record.rid] = record.t_ns
-            elif isinstance(record, Pass) and record.released:
-                ranked_by_requeue += [
-                    record.seq for victim in (r.rid for r in record.released if r.rid in requeued)
-                    for other in record.running
-                    if other.rid != victim and priority[other.rid] == priority[victim]
-                    and arrived[victim] < arrived[other.rid] < requeued[victim]]
-    assert ranked_by_requeue == [91]
-    report = replay_trace(RETRACT_THEN_PREEMPT, "stock", "fixed", jobs=1)
-    assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)

@@ -10,7 +10,7 @@ import pytest
 from schedtrace.replay.loop.run import run_closed_loop
 from schedtrace.replay.engine import replay_trace
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.schema import Arrival, Pass
+from schedtrace.tracer.contract.schema import Arrival, Pass, Retract
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 SAMPLES = sorted(TRACES.glob("*.trace"))
@@ -72,8 +72,8 @@ def test_the_demo_workload_stalls_under_stock_until_a_long_request_leaves() -> N
 
 
 def _requeued_victims(path: Path) -> list[int]:
-    """Passes whose preemption victim had been preempted before, while a running request of
-    its priority arrived between its arrival and that re-queue: only the re-queue time ranks it."""
+    """Passes whose preemption victim had re-entered the queue (preempted or retracted) after a
+    running request of its priority arrived, having arrived before it: only the re-queue ranks it."""
     arrived: dict[str, int] = {}
     requeued: dict[str, int] = {}
     priority: dict[str, int | None] = {}
@@ -82,6 +82,8 @@ def _requeued_victims(path: Path) -> list[int]:
         for _, record in reader.records():
             if isinstance(record, Arrival):
                 arrived[record.rid], priority[record.rid] = record.t_ns, record.priority
+            elif isinstance(record, Retract):
+                requeued[record.rid] = record.t_ns
             elif isinstance(record, Pass) and record.released:
                 for victim in (r.rid for r in record.released if r.rid in requeued):
                     if any(priority[r.rid] == priority[victim] and arrived[victim] < arrived[r.rid] < requeued[victim]
@@ -97,6 +99,18 @@ def test_a_preempted_request_is_ranked_by_its_requeue_not_its_arrival() -> None:
     resets (``_add_request_to_queue``): ranked by arrival, replay released another request."""
     assert _requeued_victims(TRACES / PREEMPT)
     report = replay_trace(TRACES / PREEMPT, "stock", "fixed", jobs=1)
+    assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)
+
+
+# A recording for one situation the samples lack (tests/traces/README.md).
+RETRACT_THEN_PREEMPT = Path(__file__).resolve().parent / "traces" / "mamba-retract-then-preempt.trace"
+
+
+def test_a_retracted_request_is_ranked_for_preemption_by_its_requeue() -> None:
+    """A retraction re-queues a request as a preemption does: the victim at pass 91 was retracted
+    after its rival of the same priority arrived (ranked by its cached arrival, replay released the rival)."""
+    assert _requeued_victims(RETRACT_THEN_PREEMPT) == [91]
+    report = replay_trace(RETRACT_THEN_PREEMPT, "stock", "fixed", jobs=1)
     assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)
 
 
