@@ -1,8 +1,8 @@
 """Arms the sandbox's stand-ins in every server process, before sglang imports.
 
 ``site`` loads this at interpreter start because ``SandboxServer`` puts this
-folder first on ``PYTHONPATH``; the scheduler and detokenizer children
-inherit it. It installs the ``sgl_kernel`` import stand-in, hides the
+folder first on ``PYTHONPATH``; the scheduler and detokenizer children,
+forked, inherit what it installed (spawned, they run it again). It installs the ``sgl_kernel`` import stand-in, hides the
 CuTe DSL (``kernel_stub.hide_cute_dsl``), then the
 stand-ins named in ``SCHEDTRACE_SANDBOX_STANDINS``, makes sglang fork its
 children instead of spawning them (``start_method``), then runs the
