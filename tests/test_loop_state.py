@@ -460,6 +460,21 @@ def test_a_prefill_that_lands_on_a_siblings_prefix_frees_its_copy_and_shares_the
     assert plain.free == 800 and all(r.kv_shared == 0 for r in plain.running)
 
 
+def test_on_the_mamba_pool_too_a_siblings_prefix_is_freed_when_it_lands():
+    """The hybrid tree frees the same duplicates on insert: a mamba-priority recording's available KV
+    came back by the shared 600 tokens one pass after two family members prefilled together."""
+    from schedtrace.replay.loop.pools import LoopPools
+
+    shared, a_own, b_own = bytes(8) * 2, b"A" * 8 * 5, b"B" * 8 * 5
+    s = state(waiting=[_family("a", shared, a_own), _family("b", shared, b_own)], mamba_free=8, mamba_evictable=0)
+    after, _ = apply_decision(s, Decision(admitted=[("a", 100), ("b", 100)]), page_size=1, radix_cache=True,
+                              prefix_block=16, pools=LoopPools(mamba_slots_per_req=1))
+    a, b = after.running
+    assert (b.kv_held, b.kv_shared, b.lender) == (68, 32, "a") and after.free == 1000 - 200 + 32
+    assert after.mamba_free == 6 and (a.mamba_held, b.mamba_held) == (1, 1)
+    assert after.pool_totals() == s.pool_totals()
+
+
 def test_overlap_a_chunk_lands_at_the_next_pass_entry_before_that_pass_decides():
     """The next pass stashes the chunked request first (stash_chunked_request): its chunk is in the
     tree when that pass's results land, overlap or not (the dfs-weight trace: a sibling's prefill

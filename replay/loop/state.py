@@ -320,7 +320,7 @@ def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None,
     for req, tokens in landed:
         if id(req) not in live:
             continue
-        if prefix_block and tokens > req.tree_len and step.swa is None and step.mamba is None:
+        if prefix_block and tokens > req.tree_len and step.swa is None:
             _share_duplicates(req, tokens, in_tree, step, prefix_block)
         req.tree_len = max(req.tree_len, tokens)
         in_tree.append(req)
