@@ -101,9 +101,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     key_text = KeyTextOrder() if policy == ROUTING_KEY else None
     queue_lengths: list[int] = []
     numbers: list[int] = []
-    # rid -> the pass after the last pass record that showed it waiting (by each count of passes)
-    waited_records: dict[str, int] = {}
-    waited_before: dict[str, int] = {}
+    waited: dict[str, tuple[int, int]] = {}  # rid -> (point, repeat) of the last record showing it waiting
     first = reader.header.first_pass
     overlap = False
     it_records = it_before = 0
@@ -121,14 +119,8 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             by_idle_before.append((it_before, record.t_ns))
             it_records += max(record.repeat, 1)
             it_before += max(record.repeat, 1)
-            admitted_now = {a.rid for a in record.admitted}
             for w in record.waiting:
-                if w.rid in admitted_now:
-                    waited_records.pop(w.rid, None)
-                    waited_before.pop(w.rid, None)
-                else:
-                    waited_records[w.rid] = it_records
-                    waited_before[w.rid] = it_before
+                waited[w.rid] = (len(numbers) - 1, max(record.repeat, 1))
             queue_lengths.append(len(record.waiting))
             processed.append(record.processed_tokens)
             if random_policy:
@@ -152,12 +144,11 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             if record.reason in LEFT_THE_QUEUE:
                 ended_early.setdefault(record.rid, record.t_ns)
     points = by_idle_records if seen_idle_record else by_idle_before
-    waited = waited_records if seen_idle_record else waited_before
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
         admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap, key_text=key_text,
-        waited_until={rid: waited[rid] for rid in ended_early if rid in waited},
+        waited_until={rid: points[at][0] + repeat for rid, (at, repeat) in waited.items() if rid in ended_early},
     )
 
 
