@@ -48,9 +48,11 @@ CONFIGS = (
     Config("fcfs-low-first", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
                               "--priority-scheduling-preemption-threshold", "0"), priorities=True),
     Config("mamba-lpm", ("--schedule-policy", "lpm"), model="hybrid-mamba"),
-    # the hybrid pools under priority preemption, retraction and a queue limit
+    # the hybrid pools under priority preemption, retraction and a queue limit; 12 mamba slots cap the
+    # batch at 4, so it fills and preempts (at 8, one CI run never preempted)
     Config("mamba-priority", ("--schedule-policy", "fcfs", *PRIORITY, "--schedule-low-priority-values-first",
-                              "--priority-scheduling-preemption-threshold", "0", "--max-queued-requests", "6"),
+                              "--priority-scheduling-preemption-threshold", "0", "--max-queued-requests", "6",
+                              "--max-mamba-cache-size", "12"),
            model="hybrid-mamba", env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
            priorities=True),
 )
