@@ -20,7 +20,7 @@ from pathlib import Path
 
 from schedtrace.tracer.contract.names import START_METHOD_ENV
 from schedtrace.tracer.sandbox.models import DEFAULT_MODEL, MODELS
-from schedtrace.tracer.sandbox.process import group_members
+from schedtrace.tracer.sandbox.process import group_members, proc_stat
 from schedtrace.tracer.sandbox.server import SandboxServer
 from schedtrace.tracer.sandbox.start_method import FORK, SPAWN
 
@@ -35,9 +35,8 @@ class Start:
 
 
 def process_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = proc_stat(pid)
+    if fields is None:
         return 0.0  # gone between the listing and the read
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 

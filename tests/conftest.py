@@ -25,6 +25,7 @@ shared server, so it may stop that server itself (a server dying under load).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +52,12 @@ _running: dict[str, Callable[[], None]] = {}  # shared-server fixture -> its sto
 MATRIX_FIXTURE = "matrix"
 _matrix: list[MatrixRecording] = []
 
+
+
+@pytest.fixture(scope="session")
+def schedtrace_script() -> Path:
+    """The ``schedtrace`` console script the README's commands run (installed beside this interpreter)."""
+    return Path(sys.executable).with_name("schedtrace")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -15,16 +14,15 @@ import pytest
 
 from schedtrace.tracer.sandbox.process import group_members, pid_alive
 
-SCHEDTRACE = Path(sys.executable).with_name("schedtrace")
 START_TIMEOUT_S = 300
 
 pytestmark = [pytest.mark.own_server, pytest.mark.timeout(900)]
 
 
-def start(tmp_path: Path) -> tuple[subprocess.Popen, str, int]:
+def start(script: Path, tmp_path: Path) -> tuple[subprocess.Popen, str, int]:
     """``schedtrace sandbox`` tracing into tmp_path/traces; the URL it prints once ready, and the
     pid of the server it started (the leader of the server's own process group)."""
-    proc = subprocess.Popen([str(SCHEDTRACE), "sandbox", "--trace-dir", str(tmp_path / "traces"),
+    proc = subprocess.Popen([str(script), "sandbox", "--trace-dir", str(tmp_path / "traces"),
                              "--log", str(tmp_path / "server.log")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     said = []
@@ -53,8 +51,8 @@ def generate(url: str) -> dict:
         return json.load(reply)
 
 
-def test_sandbox_serves_until_ctrl_c_then_stops_every_process_and_exits_0(tmp_path: Path) -> None:
-    proc, url, server = start(tmp_path)
+def test_sandbox_serves_until_ctrl_c_then_stops_every_process_and_exits_0(tmp_path: Path, schedtrace_script: Path) -> None:
+    proc, url, server = start(schedtrace_script, tmp_path)
     try:
         assert len(generate(url)["output_ids"]) == 4
         members = group_members(server)
@@ -69,8 +67,8 @@ def test_sandbox_serves_until_ctrl_c_then_stops_every_process_and_exits_0(tmp_pa
     assert any((tmp_path / "traces").rglob("*.trace"))
 
 
-def test_a_server_that_dies_under_the_sandbox_command_is_one_error_and_exit_2(tmp_path: Path) -> None:
-    proc, url, server = start(tmp_path)
+def test_a_server_that_dies_under_the_sandbox_command_is_one_error_and_exit_2(tmp_path: Path, schedtrace_script: Path) -> None:
+    proc, url, server = start(schedtrace_script, tmp_path)
     try:
         members = group_members(server)
         os.kill(server, signal.SIGKILL)

@@ -5,7 +5,6 @@ Its bad options are tests/test_cli.py's."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,12 @@ import pytest
 from schedtrace.tracer.contract.names import FIXED, STOCK
 from schedtrace.tracer.contract.report import load_report
 
-SCHEDTRACE = Path(sys.executable).with_name("schedtrace")  # the console script `make demo` runs
-
 pytestmark = [pytest.mark.own_server, pytest.mark.timeout(900)]
 
 
-def test_the_demo_replays_a_live_stock_and_fixed_run_and_exits_0(tmp_path: Path) -> None:
+def test_the_demo_replays_a_live_stock_and_fixed_run_and_exits_0(tmp_path: Path, schedtrace_script: Path) -> None:
     out = tmp_path / "demo"
-    done = subprocess.run([str(SCHEDTRACE), "demo", "--out", str(out)], capture_output=True, text=True, timeout=850)
+    done = subprocess.run([str(schedtrace_script), "demo", "--out", str(out)], capture_output=True, text=True, timeout=850)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "Traceback" not in done.stdout + done.stderr
     lines = done.stdout.splitlines()

@@ -6,9 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +15,6 @@ from schedtrace.tracer.contract.report import load_report
 
 TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux not found: install it (apt-get install -y tmux)")
-SCHEDTRACE = Path(sys.executable).with_name("schedtrace")
 
 
 SOCKET = f"schedtrace-test-{time.monotonic_ns()}"  # our own tmux server: no user config, no other sessions
@@ -81,7 +78,7 @@ def _assert_centred(session: str, pass_no: int, deadline_s: float = 30.0) -> Non
 
 
 @pytest.mark.parametrize("width, height", [(120, 40), (200, 50)])
-def test_tui_in_tmux(tmp_path, width, height):
+def test_tui_in_tmux(tmp_path, width, height, schedtrace_script):
     trace, report_path = tmp_path / "t.trace", tmp_path / "t.json"
     generate(trace, 800, seed=2, report_path=report_path)
     report = load_report(report_path)
@@ -90,7 +87,7 @@ def test_tui_in_tmux(tmp_path, width, height):
     session = f"schedtrace-tui-{time.monotonic_ns()}"
     # tmux may hand the command a COLUMNS/LINES of its default 80x24 window, which would win over the
     # pane's real size: the terminal's own size is what a person's shell gives.
-    command = f"env -u COLUMNS -u LINES {SCHEDTRACE} tui {trace} --report {report_path}"
+    command = f"env -u COLUMNS -u LINES {schedtrace_script} tui {trace} --report {report_path}"
     _tmux("new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command)
     try:
         pane = _wait_for(session, "replay stock")
@@ -125,14 +122,14 @@ def test_tui_in_tmux(tmp_path, width, height):
     assert quit_cleanly, "q did not quit"
 
 
-def test_tui_in_tmux_switches_ranks_and_jumps_to_a_desync(tmp_path):
+def test_tui_in_tmux_switches_ranks_and_jumps_to_a_desync(tmp_path, schedtrace_script):
     """``schedtrace tui DIR --stall-passes 3`` on a two-rank run: the CLI opens every rank, ] switches,
     d lands centred on the pass where rank 1 decided otherwise."""
     from test_tui_ranks import ALTERED, write_run  # tests/ is on sys.path
 
     folder = write_run(tmp_path / "run")
     session = f"schedtrace-tui-ranks-{time.monotonic_ns()}"
-    command = f"env -u COLUMNS -u LINES {SCHEDTRACE} tui {folder} --stall-passes 3"
+    command = f"env -u COLUMNS -u LINES {schedtrace_script} tui {folder} --stall-passes 3"
     _tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "44", command)
     try:
         _wait_for(session, "rank tp0 1/2")

@@ -118,13 +118,20 @@ def group_members(pgid: int) -> list[int]:
     return pids
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (per /proc)."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if ``pid`` is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return None
+    return fields or None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (per /proc)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def _signal_pid(proc: subprocess.Popen, sig: signal.Signals) -> None:
