@@ -240,8 +240,8 @@ def waiting(rid: str, input_len: int, prefix_len: int = 0) -> LoopReq:
     return LoopReq(rid=rid, input_len=input_len, max_new_tokens=50, target_output=3, prefix_len=prefix_len)
 
 
-def step(s: LoopState, decision: Decision, pools: LoopPools, radix: bool = True):
-    after, result = apply_decision(s, decision, page_size=1, radix_cache=radix, pools=pools)
+def step(s: LoopState, decision: Decision, pools: LoopPools, radix: bool = True, **options):
+    after, result = apply_decision(s, decision, page_size=1, radix_cache=radix, pools=pools, **options)
     assert after.pool_totals() == s.pool_totals()  # the self-check: no pool makes or loses a unit
     return after, result
 
@@ -272,6 +272,38 @@ def test_mamba_admission_takes_the_state_slots_and_finish_caches_one() -> None:
     s, result = step(s, Decision(admitted=[]), MAMBA_POOLS)
     assert sorted(result.finished) == ["a", "b"]
     assert (s.mamba_free, s.mamba_evictable) == (4, 3)  # each keeps its last state in the tree
+
+
+def test_under_no_buffer_each_checkpoint_forks_the_state_and_unlocks_the_last_fork() -> None:
+    """MambaComponent.prepare_for_caching_req: a prefill or chunk that lands forks the request's
+    state into a slot for its new node, which it locks; the node of its last fork is unlocked."""
+    forks = LoopPools(mamba_slots_per_req=1, mamba_forks=True)
+    s = loop_state(waiting=[waiting("a", 100), waiting("c", 300)], mamba_free=6, mamba_evictable=0)
+    s, _ = step(s, Decision(admitted=[("a", 100), ("c", 100)], new_chunked_rid="c"), forks)
+    assert (s.mamba_free, s.mamba_evictable) == (2, 0)  # each: its state and its fork
+    s, _ = step(s, Decision(admitted=[], chunk_size=100), forks)
+    assert (s.mamba_free, s.mamba_evictable) == (1, 1)  # c's second fork; its first is evictable
+    s, _ = step(s, Decision(admitted=[], chunk_size=100), forks)
+    assert (s.mamba_free, s.mamba_evictable) == (0, 2) and s.chunked is None
+    s, _ = step(s, Decision(admitted=[]), forks)
+    s, result = step(s, Decision(admitted=[]), forks)
+    assert sorted(result.finished) == ["a", "c"]
+    assert (s.mamba_free, s.mamba_evictable) == (0, 6)  # each leaves its last state and its fork
+    plain, _ = step(loop_state(waiting=[waiting("a", 100)], mamba_free=6, mamba_evictable=0),
+                    Decision(admitted=[("a", 100)]), LoopPools(mamba_slots_per_req=1))
+    assert (plain.mamba_free, plain.mamba_evictable) == (5, 0)  # another strategy: no fork
+
+
+def test_a_retracted_request_keeps_its_forked_prefix_in_the_mamba_tree() -> None:
+    """release_kv_cache unlocks what the tree holds: with the fork there, the prompt stays cached
+    (evictable) and the request matches it when queued again, as on the full pool."""
+    forks = LoopPools(mamba_slots_per_req=1, mamba_forks=True)
+    s = loop_state(waiting=[waiting("a", 100), waiting("b", 100)], mamba_free=6, mamba_evictable=0, forward_ct=1)
+    s, _ = step(s, Decision(admitted=[("a", 100), ("b", 100)]), forks)
+    s, result = step(s, Decision(admitted=[]), forks, retract_every=1)
+    (again,) = s.waiting
+    assert result.retracted == [again.rid] and again.prefix_len == 100
+    assert (s.mamba_free, s.mamba_evictable) == (3, 1) and s.evictable == 100
 
 
 def test_a_mamba_slot_shortage_fails_the_pass() -> None:

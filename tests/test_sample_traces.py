@@ -122,3 +122,13 @@ def test_the_closed_loop_preempts_as_the_server_did() -> None:
     assert check.requests == 40 and (check.recorded_only, check.loop_only) == (0, 0), check
     assert check.wait_error_p50 <= 0.02 and check.wait_error_p90 <= 0.05, check  # the matrix's bounds
     assert loop.arms["stock"].exceptions == 0
+
+
+def test_the_closed_loop_forks_each_checkpoints_mamba_state_as_the_server_did() -> None:
+    """Under no_buffer each prefill or chunk that lands forks its state into a slot of the tree's
+    (a running request holds two). Without the fork the loop kept slots free the server had not,
+    admitted early and queued one more (wait error p90 125%, queue peak 7 for 6); with it, exact."""
+    check = run_closed_loop(RETRACT_THEN_PREEMPT, ["stock"]).self_check
+    assert check.requests == 34 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
+    assert check.loop_queue_peak == check.recorded_queue_peak == 6, check

@@ -147,8 +147,9 @@ def insert(req: LoopReq, step: StepPools) -> None:
 
 def requeue_match(req: LoopReq, step: StepPools) -> int:
     """The prefix a retracted or preempted request matches when it is queued again: what its
-    prefills inserted, which releasing it leaves in the tree. Full-pool trees only: a hybrid
-    tree's match also needs SWA or mamba state the release gave back, so it is left at none."""
-    if step.swa is not None or step.mamba is not None:
+    prefills inserted, which releasing it leaves in the tree. A hybrid tree's match also needs
+    the SWA or mamba state there: a mamba tree has it where checkpoints fork the state (the fork of
+    the last one, ``LoopPools.mamba_forks``); else the release gave it back, and the match is none."""
+    if step.swa is not None or (step.mamba is not None and not req.mamba_fork):
         return 0
     return req.tree_len

@@ -288,7 +288,7 @@ def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
 
 
 def _loop_req(
-    row: Arrival | WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | bytes | None
+    row: Arrival | WaitingReq | RunningReq | ChunkedReq, targets: dict[str, int], **state: int | bool | bytes | None
 ) -> LoopReq:
     """A recorded request (arrival or queue row) as loop state; ``state`` is what differs."""
     return LoopReq(
@@ -309,18 +309,20 @@ def initial_state(
     What each request holds of the hybrid pools is not recorded: a running
     request is taken to hold its window on the SWA side (its older tokens
     already slid out) and a chunked one all it prefilled (a prefill slides
-    only without a radix cache); each holds ``mamba_slots_per_req`` slots.
+    only without a radix cache); each holds ``mamba_slots_per_req`` slots, and
+    where checkpoints fork the state (``LoopPools.mamba_forks``), its last fork.
     """
     kv = p.kv
     swa = pools.paged_swa and kv.swa_available is not None
     mamba = pools.mamba_slots_per_req > 0 and kv.mamba_available is not None
 
-    def held(tokens: int, window_only: bool) -> dict[str, int]:
+    def held(tokens: int, window_only: bool) -> dict[str, int | bool]:
         out = {"kv_tokens": tokens, "kv_held": tokens}
         if swa:
             out["swa_held"] = swa_window_tokens(tokens, pools.swa_window, page_size) if window_only else tokens
         if mamba:
             out["mamba_held"] = pools.mamba_slots_per_req
+            out["mamba_fork"] = pools.mamba_forks
         return out
 
     waiting = [

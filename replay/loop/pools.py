@@ -14,11 +14,17 @@ them follows sglang 0.5.23 (``schedtrace.replay.loop.state`` applies it):
   count is the free request slots times the ring (``to_pass``);
 * mamba: a new request takes ``mamba_slots_per_req`` state slots
   (``ensure_mamba_capacity``: its state plus tracking buffers), evicting
-  cached states when free runs out; a continuing chunk keeps its own.
+  cached states when free runs out; a continuing chunk keeps its own. Under
+  the ``no_buffer`` strategy with a radix cache, each prefill or chunk that
+  lands in the tree forks the request's state into a slot of its own for
+  the new node (``MambaComponent.prepare_for_caching_req``, evicting if it
+  must), which the request locks; the node its last fork made is unlocked,
+  so its slot becomes evictable.
 
 A finished request's KV becomes evictable (its last state, for mamba; its
 tracking buffers are freed) with a radix cache, free without one; a
-retracted request frees everything it held.
+retracted request frees everything it held. The tree keeps a request's
+forked state either way, unlocked (evictable).
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from schedtrace.tracer.contract.names import SGLANG_SWA_EVICTION_INTERVAL_DEFAULT, SGLANG_SWA_EVICTION_INTERVAL_ENV
+from schedtrace.tracer.contract.names import (
+    MAMBA_NO_BUFFER,
+    SGLANG_SWA_EVICTION_INTERVAL_DEFAULT,
+    SGLANG_SWA_EVICTION_INTERVAL_ENV,
+)
 from schedtrace.tracer.contract.schema import Header
 
 if TYPE_CHECKING:
@@ -49,6 +59,7 @@ class LoopPools:
     swa_ring_cost: int = 0  # a per-request SWA ring of this many tokens
     swa_eviction_interval: int = SGLANG_SWA_EVICTION_INTERVAL_DEFAULT
     mamba_slots_per_req: int = 0  # 0: no mamba pool
+    mamba_forks: bool = False  # each tree checkpoint forks the request's state (no_buffer, a radix cache)
 
     @classmethod
     def of(cls, header: Header) -> LoopPools:
@@ -60,6 +71,8 @@ class LoopPools:
             swa_window=(layout.sliding_window or 0) if swa and not layout.swa_ring_cost else None,
             swa_ring_cost=layout.swa_ring_cost if swa else 0,
             mamba_slots_per_req=max(layout.mamba_slots_per_req, 1) if header.is_hybrid_mamba else 0,
+            mamba_forks=header.is_hybrid_mamba and layout.mamba_strategy == MAMBA_NO_BUFFER
+            and not header.server_args.disable_radix_cache,
             swa_eviction_interval=swa_eviction_interval(header),
         )
 
@@ -185,3 +198,17 @@ def release(req: LoopReq, step: StepPools, cached: bool, kv_cached: int | None =
         step.mamba.give(state_slot, True)
         step.mamba.give(req.mamba_held - state_slot, False)
         req.mamba_held = 0
+    if step.mamba is not None and req.mamba_fork:
+        step.mamba.give(1, True)  # its fork's node, unlocked
+        req.mamba_fork = False
+
+
+def fork_mamba(req: LoopReq, step: StepPools) -> None:
+    """A checkpoint of ``req`` landed new tokens in the tree: its state is forked into a new
+    slot for the node (``_alloc_mamba_slot``, evicting if it must), and its last fork unlocked."""
+    if step.mamba is None or not step.pools.mamba_forks or not step.mamba.fits(1):
+        return
+    step.mamba.take(1)
+    if req.mamba_fork:
+        step.mamba.give(1, True)
+    req.mamba_fork = True

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from schedtrace.replay.loop.admit import admission_plan, admit, hand_over, insert, requeue_match
 from schedtrace.replay.loop.records import replace_pass, to_pass, with_outputs  # re-exported
 from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
-    FULL_POOL, LoopPools, StepPools, ceil_page, floor_page, hold, release, slide_swa,
+    FULL_POOL, LoopPools, StepPools, ceil_page, floor_page, fork_mamba, hold, release, slide_swa,
 )
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.tracer.contract.order import in_order
@@ -72,6 +72,7 @@ class LoopReq:
     ignore_eos: bool = False
     swa_held: int = 0  # page-rounded tokens held on the SWA side (paged SWA pools)
     mamba_held: int = 0  # mamba state slots held (the state and its tracking buffers)
+    mamba_fork: bool = False  # it locks the tree's fork of its state from its last checkpoint (a slot more)
     inflight: int = 0  # overlap scheduling: outputs of the last forward not yet processed (0 or 1)
     # Tokens of its sequence in the radix tree. Processing a chunk's or a prefill's result inserts
     # what it filled, page-floored (checkpoint_kv_cache; decode tokens are not inserted):
@@ -127,7 +128,7 @@ class LoopState:
         if self.swa_free is not None:
             totals["swa"] = self.swa_free + (self.swa_evictable or 0) + sum(r.swa_held for r in reqs)
         if self.mamba_free is not None:
-            totals["mamba"] = self.mamba_free + (self.mamba_evictable or 0) + sum(r.mamba_held for r in reqs)
+            totals["mamba"] = self.mamba_free + (self.mamba_evictable or 0) + sum(r.mamba_held + r.mamba_fork for r in reqs)
         return totals
 
     def signature(self) -> tuple:
@@ -322,6 +323,8 @@ def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None,
             continue
         if prefix_block and tokens > req.tree_len and step.swa is None:
             _share_duplicates(req, tokens, in_tree, step, prefix_block)
+        if tokens > req.tree_len:
+            fork_mamba(req, step)
         req.tree_len = max(req.tree_len, tokens)
         in_tree.append(req)
 

@@ -75,6 +75,8 @@ SGLANG_HEALTH_CHECK_RID_PREFIX: Final = "HEALTH_CHECK"
 # Finish.reason of a request refused at --max-queued-requests: it arrived and never queued.
 FINISH_REJECTED: Final = "rejected"
 
+MAMBA_NO_BUFFER: Final = "no_buffer"  # --mamba-radix-cache-strategy whose checkpoints fork the state
+
 # Error text kept in a record: "Type: message", cut to this many characters.
 ERROR_TEXT_LIMIT: Final = 500
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schedtrace.tracer.contract.errors import UsageError
+from schedtrace.tracer.contract.names import MAMBA_NO_BUFFER
 from schedtrace.tracer.sandbox.assets.make_tiny_model import ASSETS_DIR
 from schedtrace.tracer.sandbox.standins import (
     CUTE_DSL_ABSENT,
@@ -109,7 +110,7 @@ LLAMA = SandboxModel(
 # The mamba families' CPU flags: extra_buffer needs GPU platform support, and
 # no_buffer does not support the overlap schedule; a small state pool.
 MAMBA_ARGS: tuple[str, ...] = (
-    "--mamba-radix-cache-strategy", "no_buffer",
+    "--mamba-radix-cache-strategy", MAMBA_NO_BUFFER,
     "--disable-overlap-schedule",
     "--max-mamba-cache-size", str(MAMBA_CACHE_SLOTS),
 )
