@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
+from schedtrace.replay.loop.retraction import RetractionOrder
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
@@ -207,6 +208,10 @@ class LoopInput:
     @property
     def ratio_rule(self) -> RatioRule:
         return RatioRule.of(self.header)
+
+    @property
+    def retraction(self) -> RetractionOrder:
+        return RetractionOrder.of(self.header)
 
     @property
     def retract_every(self) -> int:

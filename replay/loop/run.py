@@ -91,7 +91,7 @@ def run_arm(
     same_for = 0
     start = loop.start
     pools = loop.pools
-    ratio, retract_every = loop.ratio_rule, loop.retract_every
+    ratio, retract_every, retraction = loop.ratio_rule, loop.retract_every, loop.retraction
     totals = state.pool_totals()
     # Ties only the server's tree or text could break: dfs-weight's branch order
     # (schedtrace.replay.loop.tree_order), routing-key's key text (schedtrace.replay.routing_keys)
@@ -148,7 +148,7 @@ def run_arm(
         state, result = apply_decision(
             state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools,
             mixed_chunk=loop.mixed_chunk, overlap=loop.overlap, retract_every=retract_every, ratio=ratio,
-            prefix_block=loop.header.prefix_block,
+            prefix_block=loop.header.prefix_block, retraction=retraction,
         )
         _check_totals(totals, state, seq)
         if recorded:

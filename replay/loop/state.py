@@ -45,6 +45,7 @@ from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
     FULL_POOL, LoopPools, StepPools, ceil_page, floor_page, fork_mamba, hold, release, slide_swa,
 )
 from schedtrace.replay.loop.ratio import RatioRule
+from schedtrace.replay.loop.retraction import BY_LENGTH, RetractionOrder
 from schedtrace.tracer.contract.order import in_order
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES
 from schedtrace.tracer.contract.report import Decision
@@ -186,6 +187,7 @@ def apply_decision(
     retract_every: int = 0,
     ratio: RatioRule | None = None,
     prefix_block: int = 0,
+    retraction: RetractionOrder = BY_LENGTH,
 ) -> tuple[LoopState, StepResult]:
     """The state at the next pass's entry after ``decision`` and one forward step.
 
@@ -204,7 +206,8 @@ def apply_decision(
     step at a multiple of that many forwards retracts at least one request
     (``update_running_batch``), counted by ``state.forward_ct``.
 
-    ``ratio``: how ``state.new_token_ratio`` evolves (None: it holds).
+    ``ratio``: how ``state.new_token_ratio`` evolves (None: it holds). ``retraction``: whom a
+    retraction keeps (sglang's ``--retraction-policy``).
 
     ``prefix_block``: tokens per prefix id (``Header.prefix_block``; 0: the trace has none, and
     an insert is taken to hold no tokens the tree had already).
@@ -255,7 +258,8 @@ def apply_decision(
     forward_ct = state.forward_ct
     hook = bool(retract_every) and forward_ct is not None and not prefill_batch and forward_ct % retract_every == 0
     # update_running_batch (a decode step of its own) moves the ratio; an idle scheduler resets it.
-    shrank = _decode(state, decoding, step, result, force_retract=hook, ratio=None if prefill_batch else ratio)
+    shrank = _decode(state, decoding, step, result, retraction, force_retract=hook,
+                     ratio=None if prefill_batch else ratio)
     if ratio is not None and not (prefill_batch or decoding):
         state.new_token_ratio = ratio.init
     if forward_ct is not None and (prefill_batch or decoding):
@@ -377,10 +381,10 @@ def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefil
 
 
 def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: StepResult,
-            force_retract: bool = False, ratio: RatioRule | None = None) -> bool:
+            retraction: RetractionOrder, force_retract: bool = False, ratio: RatioRule | None = None) -> bool:
     """One decode token for each of ``decoding``; retract until it fits (at least one with
-    ``force_retract``, as ``retract_decode``'s first round), moving the ratio by ``ratio``.
-    True if any left."""
+    ``force_retract``, as ``retract_decode``'s first round), moving the ratio by ``ratio``; a
+    retraction leaves the batch in ``retraction``'s ranking. True if any left."""
     if not decoding:
         return False
     page_size = step.page_size
@@ -391,10 +395,7 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
     def fits(tokens: int) -> bool:
         return step.kv.fits(tokens) and (step.swa is None or step.swa.fits(tokens))
 
-    # sglang's retraction order: fewest outputs first, then the longest prompt;
-    # at least one request always stays.
-    # (processed outputs: under overlap the last forward's are not yet in output_ids)
-    keep = sorted(decoding, key=lambda r: (r.output_len - r.inflight, -r.input_len), reverse=True)
+    keep = retraction.ranked(decoding)  # retracted from its end; at least one always stays
     retracted: list[LoopReq] = []
     while len(keep) > 1 and (force_retract or not fits(growth(keep))):
         force_retract = False
@@ -402,7 +403,7 @@ def _decode(state: LoopState, decoding: list[LoopReq], step: StepPools, result: 
     for req in retracted:
         _requeue(req, state, step, [*keep, *state.running, *state.requests()])
         result.retracted.append(req.rid)
-    kept = [r for r in decoding if r not in retracted]
+    kept = keep if retracted else decoding  # filter_batch(keep_indices=sorted_indices)
     if ratio is not None:
         state.new_token_ratio = ratio.after_retract(kept) if retracted else ratio.decayed(state.new_token_ratio)
     for req in kept:
