@@ -132,3 +132,17 @@ def test_the_closed_loop_forks_each_checkpoints_mamba_state_as_the_server_did() 
     assert check.requests == 34 and (check.recorded_only, check.loop_only) == (0, 0), check
     assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
     assert check.loop_queue_peak == check.recorded_queue_peak == 6, check
+
+
+TRACE_DIR = RETRACT_THEN_PREEMPT.parent
+
+
+@pytest.mark.parametrize("name", ["mamba-priority-evicted-fork", "mamba-priority-abort-after-preempt"])
+def test_the_closed_loop_reproduces_mamba_priority_recordings_exactly(name: str) -> None:
+    """Each needs one more of the loop's rules (tests/traces/README.md): the fork; a requeued
+    request's match lowered to the recorded one; a loop retraction's queue entry ranking the next
+    preemption; a request aborted from the queue after it ran not finished at its recorded output."""
+    check = run_closed_loop(TRACE_DIR / f"{name}.trace", ["stock"]).self_check
+    assert check.requests >= 25 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
+    assert check.loop_queue_peak == check.recorded_queue_peak, check

@@ -78,3 +78,7 @@ def _reveal(req: LoopReq, prefix: int, locked: int | None) -> None:
         req.prefix_len = min(prefix, req.input_len - 1)  # sglang always leaves one token to compute
         # The rest of the match is shared with running requests (protected, not evictable).
         req.prefix_cached = None if locked is None else min(locked, req.prefix_len)
+    elif not _revealable(req) and prefix < req.prefix_len:
+        # Requeued: what its prefills inserted, less what the server's tree had evicted since.
+        req.prefix_len = prefix
+        req.prefix_cached = None if locked is None else min(locked, prefix)

@@ -66,6 +66,10 @@ class TraceScan:
     # rid -> the scheduler pass after the last pass record that showed it waiting, for requests
     # aborted while waiting: the pass that took the abort (an idle one, when nothing else waited).
     waited_until: dict[str, int] = field(default_factory=dict)
+    # Requests that ran, went back to the queue (a retraction, a preemption) and left it aborted
+    # (a queue limit's priority abort, a client's): their recorded output is where they were
+    # requeued, not where a loop should finish them.
+    requeued_then_left: set[str] = field(default_factory=set)
 
     def position(self, pass_no: int) -> int:
         """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
@@ -103,6 +107,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     queue_lengths: list[int] = []
     numbers: list[int] = []
     waited: dict[str, tuple[int, int]] = {}  # rid -> (point, repeat) of the last record showing it waiting
+    ran: dict[str, int] = {}  # rid -> the point of the last record showing it running, chunked or admitted
     first = reader.header.first_pass
     overlap = False
     it_records = it_before = 0
@@ -120,8 +125,11 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             by_idle_before.append((it_before, record.t_ns))
             it_records += max(record.repeat, 1)
             it_before += max(record.repeat, 1)
+            point = len(numbers) - 1
             for w in record.waiting:
-                waited[w.rid] = (len(numbers) - 1, max(record.repeat, 1))
+                waited[w.rid] = (point, max(record.repeat, 1))
+            for row in (*record.running, *record.admitted, *((record.chunked,) if record.chunked else ())):
+                ran[row.rid] = point
             queue_lengths.append(len(record.waiting))
             processed.append(record.processed_tokens)
             if random_policy:
@@ -149,7 +157,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
         admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap, key_text=key_text,
-        waited_until={rid: points[at][0] + repeat for rid, (at, repeat) in waited.items() if rid in ended_early},
+        waited_until={rid: points[at][0] + repeat for rid, (at, repeat) in waited.items()
+                      if rid in ended_early and at > ran.get(rid, -1)},
+        requeued_then_left={rid for rid in ended_early if rid in ran and waited.get(rid, (-1, 0))[0] > ran[rid]},
     )
 
 
@@ -239,7 +249,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     start_iteration = scan.iteration_of(from_pass)
     header = reader.header
     pools = LoopPools.of(header)
-    initial = initial_state(start, scan.targets, pools, page_size=max(1, header.server_args.page_size))
+    targets = {rid: n for rid, n in scan.targets.items() if rid not in scan.requeued_then_left}
+    initial = initial_state(start, targets, pools, page_size=max(1, header.server_args.page_size))
     known = {r.rid for r in (*initial.waiting, *initial.running)}
     if initial.chunked is not None:
         known.add(initial.chunked.rid)
@@ -252,7 +263,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
             continue  # already in the start state, or done with before it
         known.add(event.rid)
         step = max(1, scan.clock.record_after(event.t_ns) - start_iteration)
-        future.append((step, _loop_req(event, scan.targets, priority=event.priority, prefix_ids=event.prefix_ids)))
+        future.append((step, _loop_req(event, targets, priority=event.priority, prefix_ids=event.prefix_ids)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
     matches = sorted(
         (scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)
@@ -284,7 +295,7 @@ def _left_at(scan: TraceScan, rid: str, t_ns: int) -> int:
     showed it waiting (the pass that took it may be idle, so unrecorded), else the first record
     after it (a request that ran, or never waited in a recorded pass)."""
     waited = scan.waited_until.get(rid)
-    return waited if waited is not None and scan.admitted_at.get(rid) is None else scan.clock.record_after(t_ns)
+    return waited if waited is not None else scan.clock.record_after(t_ns)
 
 
 def _target(rid: str, max_new_tokens: int, targets: dict[str, int]) -> int:
@@ -380,8 +391,10 @@ def default_max_passes(loop: LoopInput, stall_passes: int) -> int:
 
 def _note_matches(matches: dict[str, list[tuple[int, int, int | None]]], index: int, p) -> None:
     """The matches pass ``index`` shows that differ from each request's last one: its
-    candidate row's where it has one (with the evictable part locking took), else its waiting row's."""
-    seen = {c.rid: (c.prefix_len, c.locked_evictable) for c in p.candidates if c.prefix_len > 0}
+    candidate row's where it has one (with the evictable part locking took), else its waiting row's.
+    A requeued request's candidate row counts even at 0: the tree lost what it had inserted."""
+    requeued = {w.rid for w in p.waiting if w.output_len > 0}
+    seen = {c.rid: (c.prefix_len, c.locked_evictable) for c in p.candidates if c.prefix_len > 0 or c.rid in requeued}
     for w in p.waiting:
         if w.prefix_len > 0 and w.output_len == 0:
             seen.setdefault(w.rid, (w.prefix_len, None))

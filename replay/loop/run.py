@@ -42,7 +42,7 @@ from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, STOCK
 from schedtrace.tracer.contract.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
-from schedtrace.tracer.contract.schema import Pass
+from schedtrace.tracer.contract.schema import Pass, Retract
 
 __all__ = [
     "ArmRun", "LoopInput", "PassClock", "TraceScan", "default_max_passes", "initial_state", "load_input",
@@ -164,6 +164,11 @@ def run_arm(
         for rid in result.admitted:
             first_admitted.setdefault(rid, step)
         retractions += len(result.retracted)
+        # _add_request_to_queue stamps a retracted request's queue entry after this pass's
+        # preemption releases (ranked by it, they and the priority queue read it)
+        at = loop.clock.time_at(loop.start_iteration + step) + 1
+        for rid in result.retracted:
+            driver.note(Retract(t_ns=at, rid=rid, output_len=0))
         truncated += len(result.truncated)
         step += 1
         # A state that does not change decides the same again (the driver is
