@@ -71,6 +71,12 @@ class KeyTextOrder:
         self.pairs = 0
         self._rank: dict[int, int] | None = None
 
+    def for_arm(self, start: object) -> KeyTextOrder:
+        return self  # one text order for the whole run, whatever an arm decides
+
+    def landed(self, state: object) -> None:
+        pass
+
     def note(self, arrival: Arrival) -> None:
         if arrival.routing_key is not None and len(self.keys) < self.LIMIT:
             self.keys[arrival.rid] = arrival.routing_key

@@ -489,3 +489,17 @@ def test_overlap_a_prefill_reaches_the_tree_a_step_later():
     s1, _ = overlap_step(s, Decision(admitted=[("b", 100)]))
     s2, _ = overlap_step(s1, Decision(admitted=[]))
     assert (s1.running[0].tree_len, s2.running[0].tree_len) == (0, 100)
+
+
+@pytest.mark.parametrize("by_abort", [False, True])
+def test_overlap_a_client_aborted_request_decodes_once_more_before_it_leaves(by_abort: bool):
+    """Under overlap a request whose last output is in flight finishes when that result is
+    processed. By length, update_running_batch skips it: the step runs no forward. A client's
+    abort is only seen then too: it decodes once more (the output is dropped), which counts a
+    forward (the retraction hook's clock), then it leaves (a dfs-weight recording: pass 736)."""
+    done = replace(running("a", output_len=10, target=10), inflight=1, ends_by_abort=by_abort)
+    s = state(running=[done], forward_ct=7)
+    after, result = apply_decision(s, Decision(admitted=[]), page_size=1, radix_cache=True, overlap=True)
+    assert result.finished == ["a"] and after.running == []
+    assert after.forward_ct == (8 if by_abort else 7)
+    assert after.free + after.evictable == 1000 + done.kv_held  # its decode token given back with it

@@ -198,3 +198,33 @@ def test_a_closed_loop_breaks_dfs_weight_ties_by_the_branch_the_tree_made_first(
     with_ages = msgspec.structs.replace(p, order=ages.queue_order(waiting))
     assert in_order(["f1m1", "f0m1"], driver.decide(with_ages, "stock").queue_order) == ["f0m1", "f1m1"]
     assert driver.decide(p, "stock").queue_order is None  # queue order alone keeps f1's member first
+
+
+def test_an_arms_tree_ages_a_branch_by_the_prefill_that_inserted_it_not_the_first_arrival() -> None:
+    """f1's first member arrives first, f0's prefills first: the server's tree (sglang's own
+    RadixCache, inserted in prefill order) walks f0's branch first, and so does the arm's TreeAges;
+    the arrival ranks (BlockAges) would put f1's."""
+    from schedtrace.replay.loop.state import LoopReq, LoopState
+
+    rng = random.Random(11)
+    prompts = {f: [rng.randrange(3, 500) for _ in range(600)] for f in ("f0", "f1")}
+    inputs = {f"{f}m{k}": prompts[f] + [rng.randrange(3, 500) for _ in range(100)] for f in ("f0", "f1") for k in (0, 1)}
+    tree = RadixCache.create_simulated()
+    for rid in ("f0m0", "f1m0"):  # the prefill order
+        tree.insert(InsertParams(key=RadixKey(array("q", inputs[rid])), value=torch.empty(700, dtype=torch.bool)))
+    queue = [Req(rid, "", array("q", inputs[rid]), SamplingParams(max_new_tokens=50)) for rid in ("f1m1", "f0m1")]
+    SchedulePolicy("dfs-weight", tree, enable_hierarchical_cache=False, enable_priority_scheduling=False,
+                   schedule_low_priority_values_first=False).calc_priority(queue, None)
+    assert [r.rid for r in queue] == ["f0m1", "f1m1"]
+
+    arrivals = [Arrival(t, rid, 700, 50, prefix_ids=prefix_ids(KEY, inputs[rid], BLOCK))
+                for t, rid in enumerate(["f1m0", "f0m0", "f1m1", "f0m1"])]
+    base = BlockAges(BLOCK, arrivals)
+    start = LoopState(waiting=[], running=[], chunked=None, batch_is_full=False, free=5000, evictable=0, req_slots_free=8)
+    ages = base.for_arm(start)
+    for rid in ("f0m0", "f1m0"):  # each lands in its own step
+        start.running.append(LoopReq(rid=rid, input_len=700, max_new_tokens=50, target_output=50, tree_len=700))
+        ages.landed(start)
+    waiting = [WaitingReq(rid, 700, 0, 50, 600) for rid in ("f1m1", "f0m1")]
+    assert in_order([w.rid for w in waiting], ages.queue_order(waiting)) == ["f0m1", "f1m1"]
+    assert in_order([w.rid for w in waiting], base.queue_order(waiting)) == ["f1m1", "f0m1"]

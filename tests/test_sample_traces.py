@@ -146,3 +146,12 @@ def test_the_closed_loop_reproduces_mamba_priority_recordings_exactly(name: str)
     assert check.requests >= 25 and (check.recorded_only, check.loop_only) == (0, 0), check
     assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
     assert check.loop_queue_peak == check.recorded_queue_peak, check
+
+
+def test_the_closed_loop_reproduces_a_dfs_weight_recording_exactly() -> None:
+    """Needs an arm's own branch ages (by prefill, not arrival: 15.4% p90 without) and the extra
+    decode of a client-aborted request under overlap (10.2% without): tests/traces/README.md."""
+    check = run_closed_loop(TRACE_DIR / "dfs-weight-branch-order.trace", ["stock"]).self_check
+    assert check.requests >= 35 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
+    assert check.loop_queue_peak == check.recorded_queue_peak, check

@@ -70,6 +70,7 @@ class TraceScan:
     # (a queue limit's priority abort, a client's): their recorded output is where they were
     # requeued, not where a loop should finish them.
     requeued_then_left: set[str] = field(default_factory=set)
+    aborted_running: set[str] = field(default_factory=set)  # requests a client aborted while they ran
 
     def position(self, pass_no: int) -> int:
         """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
@@ -160,6 +161,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
         waited_until={rid: points[at][0] + repeat for rid, (at, repeat) in waited.items()
                       if rid in ended_early and at > ran.get(rid, -1)},
         requeued_then_left={rid for rid in ended_early if rid in ran and waited.get(rid, (-1, 0))[0] > ran[rid]},
+        aborted_running={rid for rid in ended_early if rid in ran and waited.get(rid, (-1, 0))[0] <= ran[rid]},
     )
 
 
@@ -257,13 +259,15 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     ids = {a.rid: a.prefix_ids for a in scan.arrivals if a.prefix_ids and a.rid in known}
     for req in initial.requests():
         req.prefix_ids = ids.get(req.rid, b"")
+        req.ends_by_abort = req.rid in scan.aborted_running
     future: list[tuple[int, LoopReq]] = []
     for event in scan.arrivals:
         if event.rid in known or event.t_ns <= start.t_ns:
             continue  # already in the start state, or done with before it
         known.add(event.rid)
         step = max(1, scan.clock.record_after(event.t_ns) - start_iteration)
-        future.append((step, _loop_req(event, targets, priority=event.priority, prefix_ids=event.prefix_ids)))
+        future.append((step, _loop_req(event, targets, priority=event.priority, prefix_ids=event.prefix_ids,
+                                       ends_by_abort=event.rid in scan.aborted_running)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
     matches = sorted(
         (scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)

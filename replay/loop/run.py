@@ -95,7 +95,7 @@ def run_arm(
     totals = state.pool_totals()
     # Ties only the server's tree or text could break: dfs-weight's branch order
     # (schedtrace.replay.loop.tree_order), routing-key's key text (schedtrace.replay.routing_keys)
-    tie_order = loop.tie_order
+    tie_order = loop.tie_order.for_arm(state) if loop.tie_order is not None else None
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     while step < limit:
         feed.feed(state, step)
@@ -151,6 +151,8 @@ def run_arm(
             prefix_block=loop.header.prefix_block, retraction=retraction,
         )
         _check_totals(totals, state, seq)
+        if tie_order is not None:
+            tie_order.landed(state)
         if recorded:
             # A pass that failed admitted nothing, whatever the adder had picked.
             effective.append(

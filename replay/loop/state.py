@@ -74,6 +74,7 @@ class LoopReq:
     swa_held: int = 0  # page-rounded tokens held on the SWA side (paged SWA pools)
     mamba_held: int = 0  # mamba state slots held (the state and its tracking buffers)
     mamba_fork: bool = False  # it locks the tree's fork of its state from its last checkpoint (a slot more)
+    ends_by_abort: bool = False  # a client aborted it while it ran: it stops at its recorded output
     inflight: int = 0  # overlap scheduling: outputs of the last forward not yet processed (0 or 1)
     # Tokens of its sequence in the radix tree. Processing a chunk's or a prefill's result inserts
     # what it filled, page-floored (checkpoint_kv_cache; decode tokens are not inserted):
@@ -253,13 +254,18 @@ def apply_decision(
     # Finished by the last step, processed only now (overlap; without it none are left here).
     finishing = [r for r in state.running if r.output_len >= r.target_output]
     active = [r for r in state.running if r not in finishing]
-    decoding = active if mixed_chunk or not prefill_batch else []
+    # A client's abort is only seen then too, so unlike a length finish that request decodes once
+    # more (the output is dropped) before it leaves.
+    aborting = [r for r in finishing if r.ends_by_abort] if overlap else []
+    decoding = active + aborting if mixed_chunk or not prefill_batch else []
     state.running = [r for r in state.running if r not in decoding]
     forward_ct = state.forward_ct
     hook = bool(retract_every) and forward_ct is not None and not prefill_batch and forward_ct % retract_every == 0
     # update_running_batch (a decode step of its own) moves the ratio; an idle scheduler resets it.
     shrank = _decode(state, decoding, step, result, retraction, force_retract=hook,
                      ratio=None if prefill_batch else ratio)
+    for req in aborting:
+        req.output_len = min(req.output_len, req.target_output)
     if ratio is not None and not (prefill_batch or decoding):
         state.new_token_ratio = ratio.init
     if forward_ct is not None and (prefill_batch or decoding):
@@ -267,7 +273,7 @@ def apply_decision(
     for req in prefilled:
         req.output_len += 1  # the prefill's forward samples the first token
         state.running.append(req)
-    done = list(finishing)
+    done = [r for r in finishing if r in state.running]  # (an aborting one may have been retracted)
     if not overlap:
         done += [r for r in decoding + prefilled if r in state.running and r.output_len >= r.target_output]
     for req in done:

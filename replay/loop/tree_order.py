@@ -3,20 +3,25 @@
 sglang's dfs-weight walk breaks a tie between sibling subtrees of equal
 weight by the order the server's radix tree created them. Open-loop replay
 takes that from the recorded order (``Pass.order``); a closed loop decides
-on queues the recording never saw, so it ranks each waiting request by the
-arrival that first carried each of its prefix blocks: the first family
-member to arrive is the one whose prefill made the branch (``BlockAges``).
+on queues the recording never saw, so each arm ranks a waiting request's
+match by when its blocks entered the tree (``TreeAges``): those in it at the
+loop's start first, by the arrival that first carried them (``BlockAges``),
+then each as the arm's own prefills and chunks inserted it. A branch enters
+the tree with the first family member to prefill, not the first to arrive.
 Pure: no sglang, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 from schedtrace.tracer.contract.order import order_runs
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, split_ids
 from schedtrace.tracer.contract.schema import Arrival, Header, WaitingReq
+
+if TYPE_CHECKING:
+    from schedtrace.replay.loop.state import LoopState
 
 DFS_WEIGHT: Final = "dfs-weight"  # the policy whose order depends on the tree's branch order
 
@@ -48,11 +53,17 @@ class BlockAges:
                 break
             first.setdefault(block_id, len(first))
 
+    def for_arm(self, start: LoopState) -> TreeAges:
+        return TreeAges(self, start)
+
+    def matched(self, rid: str, tokens: int) -> list[bytes]:
+        """The ids of the blocks holding ``rid``'s first ``tokens`` (the partial last one too)."""
+        return split_ids(self.ids.get(rid, b"")[: -(-max(tokens, 0) // self.block) * PREFIX_ID_BYTES])
+
     def chain(self, w: WaitingReq) -> tuple[int, ...]:
         """The ages of the blocks of ``w``'s match (the partial last one too)."""
-        data = self.ids.get(w.rid, b"")[: -(-max(w.prefix_len, 0) // self.block) * PREFIX_ID_BYTES]
         unranked = self.LIMIT
-        return tuple(self.first.get(block_id, unranked) for block_id in split_ids(data))
+        return tuple(self.first.get(block_id, unranked) for block_id in self.matched(w.rid, w.prefix_len))
 
     def queue_order(self, waiting: list[WaitingReq]) -> list[int] | None:
         """``Pass.order`` runs putting ``waiting`` in the order their branches were made (stable);
@@ -60,4 +71,39 @@ class BlockAges:
         if self.block <= 0 or not self.ids:
             return None
         chains = [self.chain(w) for w in waiting]
+        return order_runs(sorted(range(len(waiting)), key=chains.__getitem__))
+
+
+class TreeAges:
+    """One arm's order of its tree's blocks: those in the tree at the loop's start (what its
+    requests had prefilled or matched), by first arrival, then each as the arm's inserts landed it."""
+
+    def __init__(self, base: BlockAges, start: LoopState) -> None:
+        self.base = base
+        self.made: dict[bytes, tuple[int, int]] = {}
+        self._landed: dict[str, int] = {}  # rid -> tokens of it already aged
+        for req in start.requests():
+            self._age(req.rid, max(req.tree_len, req.prefix_len), at_start=True)
+
+    def _age(self, rid: str, tokens: int, at_start: bool = False) -> None:
+        made, first = self.made, self.base.first
+        for block_id in self.base.matched(rid, tokens):
+            if block_id not in made and len(made) < BlockAges.LIMIT:
+                made[block_id] = (0, first.get(block_id, BlockAges.LIMIT)) if at_start else (1, len(made))
+        self._landed[rid] = max(tokens, self._landed.get(rid, 0))
+
+    def landed(self, state: LoopState) -> None:
+        """The step's inserts (``LoopReq.tree_len``) reached the tree."""
+        for req in (*state.running, *((state.chunked,) if state.chunked is not None else ())):
+            if req.tree_len > self._landed.get(req.rid, 0):
+                self._age(req.rid, req.tree_len)
+
+    def queue_order(self, waiting: list[WaitingReq]) -> list[int] | None:
+        """``Pass.order`` runs putting ``waiting`` in the order the tree made their matches'
+        blocks (stable; a block it never made last); None when the trace has no ids."""
+        base = self.base
+        if base.block <= 0 or not base.ids:
+            return None
+        unmade = (2, 0)
+        chains = [tuple(self.made.get(b, unmade) for b in base.matched(w.rid, w.prefix_len)) for w in waiting]
         return order_runs(sorted(range(len(waiting)), key=chains.__getitem__))
