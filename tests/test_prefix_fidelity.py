@@ -172,8 +172,8 @@ def test_dfs_weight_nests_a_match_that_ends_inside_a_block_without_the_recorded_
 
 def test_a_closed_loop_breaks_dfs_weight_ties_by_the_branch_the_tree_made_first() -> None:
     """Two families' prompts cached, f0's first; one member of each waits, f1's ahead. Equal
-    weights: the server's walk takes the older branch. A closed loop has no recorded order, so
-    ``BlockAges`` ranks each match by the arrival that first carried its blocks."""
+    weights: the server's walk takes the older branch. A closed loop has no recorded order: blocks
+    already in the tree at its start are ranked by the arrival that first carried them."""
     rng = random.Random(7)
     prompts = {f: [rng.randrange(3, 500) for _ in range(600)] for f in ("f0", "f1")}
     tree = RadixCache.create_simulated()
@@ -194,7 +194,11 @@ def test_a_closed_loop_breaks_dfs_weight_ties_by_the_branch_the_tree_made_first(
         driver.note(arrival)
     waiting = [WaitingReq(rid, 700, 0, 50, 600) for rid in ("f1m1", "f0m1")]
     p = builders.pass_record(0, waiting=waiting, kv=KvSnapshot(available=200, evictable=0), req_slots_free=8)
-    ages = BlockAges(BLOCK, arrivals)
+    from schedtrace.replay.loop.state import LoopReq, LoopState
+
+    made = [LoopReq(rid=rid, input_len=700, max_new_tokens=50, target_output=50, tree_len=700) for rid in ("f1m0", "f0m0")]
+    start = LoopState(waiting=[], running=made, chunked=None, batch_is_full=False, free=5000, evictable=0, req_slots_free=8)
+    ages = BlockAges(BLOCK, arrivals).for_arm(start)  # in the tree at the loop's start: ranked by first arrival
     with_ages = msgspec.structs.replace(p, order=ages.queue_order(waiting))
     assert in_order(["f1m1", "f0m1"], driver.decide(with_ages, "stock").queue_order) == ["f0m1", "f1m1"]
     assert driver.decide(p, "stock").queue_order is None  # queue order alone keeps f1's member first
@@ -227,4 +231,7 @@ def test_an_arms_tree_ages_a_branch_by_the_prefill_that_inserted_it_not_the_firs
         ages.landed(start)
     waiting = [WaitingReq(rid, 700, 0, 50, 600) for rid in ("f1m1", "f0m1")]
     assert in_order([w.rid for w in waiting], ages.queue_order(waiting)) == ["f0m1", "f1m1"]
-    assert in_order([w.rid for w in waiting], base.queue_order(waiting)) == ["f1m1", "f0m1"]
+    at_start = LoopState(waiting=[], running=list(start.running), chunked=None, batch_is_full=False, free=5000,
+                         evictable=0, req_slots_free=8)
+    by_arrival = base.for_arm(at_start)  # the same tree, already there at the start: arrival ranks
+    assert in_order([w.rid for w in waiting], by_arrival.queue_order(waiting)) == ["f1m1", "f0m1"]

@@ -60,19 +60,6 @@ class BlockAges:
         """The ids of the blocks holding ``rid``'s first ``tokens`` (the partial last one too)."""
         return split_ids(self.ids.get(rid, b"")[: -(-max(tokens, 0) // self.block) * PREFIX_ID_BYTES])
 
-    def chain(self, w: WaitingReq) -> tuple[int, ...]:
-        """The ages of the blocks of ``w``'s match (the partial last one too)."""
-        unranked = self.LIMIT
-        return tuple(self.first.get(block_id, unranked) for block_id in self.matched(w.rid, w.prefix_len))
-
-    def queue_order(self, waiting: list[WaitingReq]) -> list[int] | None:
-        """``Pass.order`` runs putting ``waiting`` in the order their branches were made (stable);
-        None when the trace has no ids."""
-        if self.block <= 0 or not self.ids:
-            return None
-        chains = [self.chain(w) for w in waiting]
-        return order_runs(sorted(range(len(waiting)), key=chains.__getitem__))
-
 
 class TreeAges:
     """One arm's order of its tree's blocks: those in the tree at the loop's start (what its
