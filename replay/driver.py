@@ -109,7 +109,7 @@ class PassDriver:
         self._PrefillAdder = PrefillAdder
         slots = capacity.request_slots(header)
         settings = header.settings
-        low_first = bool(settings.get("schedule_low_priority_values_first", False))
+        low_first = header.low_priority_values_first
         config = {
             # The real Scheduler sets this default from its max_running_requests (pp_size 1).
             "pp_max_micro_batch_size": capacity.max_running(header),

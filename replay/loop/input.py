@@ -154,14 +154,17 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             if record.reason in LEFT_THE_QUEUE:
                 ended_early.setdefault(record.rid, record.t_ns)
     points = by_idle_records if seen_idle_record else by_idle_before
+    # Ended early: after the last record showing it run (never, for one that never ran), a later one
+    # showed it waiting, or none did.
+    left_waiting = {rid for rid in ended_early if rid in waited and waited[rid][0] > ran.get(rid, -1)}
+    ran_first = {rid for rid in ended_early if rid in ran}
     return TraceScan(
         points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
         admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap, key_text=key_text,
-        waited_until={rid: points[at][0] + repeat for rid, (at, repeat) in waited.items()
-                      if rid in ended_early and at > ran.get(rid, -1)},
-        requeued_then_left={rid for rid in ended_early if rid in ran and waited.get(rid, (-1, 0))[0] > ran[rid]},
-        aborted_running={rid for rid in ended_early if rid in ran and waited.get(rid, (-1, 0))[0] <= ran[rid]},
+        waited_until={rid: points[waited[rid][0]][0] + waited[rid][1] for rid in left_waiting},
+        requeued_then_left=left_waiting & ran_first,
+        aborted_running=ran_first - left_waiting,
     )
 
 

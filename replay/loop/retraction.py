@@ -29,9 +29,8 @@ class RetractionOrder:
 
     @classmethod
     def of(cls, header: Header) -> RetractionOrder:
-        settings = header.settings
-        return cls(by_priority=settings.get(RETRACTION_POLICY) == BY_PRIORITY,
-                   low_values_first=bool(settings.get("schedule_low_priority_values_first", False)))
+        return cls(by_priority=header.settings.get(RETRACTION_POLICY) == BY_PRIORITY,
+                   low_values_first=header.low_priority_values_first)
 
     def key(self, req: LoopReq) -> tuple[int, ...]:
         # processed outputs: under overlap the last forward's are not yet in output_ids

@@ -166,11 +166,12 @@ def run_arm(
         for rid in result.admitted:
             first_admitted.setdefault(rid, step)
         retractions += len(result.retracted)
-        # _add_request_to_queue stamps a retracted request's queue entry after this pass's
-        # preemption releases (ranked by it, they and the priority queue read it)
-        at = loop.clock.time_at(loop.start_iteration + step) + 1
-        for rid in result.retracted:
-            driver.note(Retract(t_ns=at, rid=rid, output_len=0))
+        if result.retracted:
+            # _add_request_to_queue stamps a retracted request's queue entry after this pass's
+            # preemption releases (ranked by it, they and the priority queue read it)
+            at = loop.clock.time_at(loop.start_iteration + step) + 1
+            for rid in result.retracted:
+                driver.note(Retract(t_ns=at, rid=rid, output_len=0))
         truncated += len(result.truncated)
         step += 1
         # A state that does not change decides the same again (the driver is

@@ -91,7 +91,7 @@ def limits_of(source: ServerConfig) -> Limits:
         estimate=hybrid.hybrid_notes(source),
         swa=hybrid.swa_limits(source),
         recorded_order=source.prefix_block > 0,
-        low_first=bool(source.settings.get("schedule_low_priority_values_first", False)),
+        low_first=source.low_priority_values_first,
     )
 
 

@@ -119,6 +119,11 @@ class Header(_Record, tag="header"):
     # fields and environment settings (tracer/recorder/settings.py lists them). {}: older traces.
     settings: dict[str, int | float | str | bool | None] = {}
 
+    @property
+    def low_priority_values_first(self) -> bool:
+        """--schedule-low-priority-values-first (a setting; False where a trace has none)."""
+        return bool(self.settings.get("schedule_low_priority_values_first", False))
+
 
 # --- pass (one scheduling pass that could admit work) -------------------------
 
