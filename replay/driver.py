@@ -111,8 +111,7 @@ class PassDriver:
         settings = header.settings
         low_first = header.low_priority_values_first
         config = {
-            # The real Scheduler sets this default from its max_running_requests (pp_size 1).
-            "pp_max_micro_batch_size": capacity.max_running(header),
+            "pp_max_micro_batch_size": capacity.micro_batch_cap(header),
             "schedule_policy": args.schedule_policy,
             "page_size": self.page_size,
             "enable_priority_scheduling": args.enable_priority_scheduling,

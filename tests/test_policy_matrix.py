@@ -65,7 +65,10 @@ def test_stock_reproduces_every_decision_and_queue_order(matrix: dict[str, Recor
 
 
 
-CLOSED_LOOP_EXACT = [c.name for c in CONFIGS]
+# dynamic-chunking runs two pipeline stages: sglang's PP loop keeps a running batch per micro-batch
+# (``Scheduler.running_mbs``), each with its own batch_is_full, and the closed loop models one.
+CLOSED_LOOP_UNMODELLED = {"dynamic-chunking": "pipeline micro-batches are not modelled by the closed loop"}
+CLOSED_LOOP_EXACT = [c.name for c in CONFIGS if c.name not in CLOSED_LOOP_UNMODELLED]
 # Every configuration is held to the bounds. The last two to drift: dfs-weight (9% to 25% p90
 # on 4 recordings here) until each arm aged its tree's branches by its own inserts (the first member
 # to prefill makes a family's branch, not the first to arrive) and a client-aborted request decoded
@@ -143,6 +146,9 @@ def test_each_path_ran(matrix: dict[str, Recorded]) -> None:
     for name in ("lof-priority", "fcfs-low-first"):
         assert any(p.order is not None and {w.priority for w in p.waiting} - {None} for p in passes[name])
     assert any(p.admitted and p.running for p in passes["lpm"])  # mixed batches: a prefill beside decodes
+    # sglang's latency-fitted sizer sized continuing chunks away from the static 1024
+    sized = {p.chunked_prefill_size for p in passes["dynamic-chunking"] if p.chunked is not None}
+    assert sized - {1024}, sized
     # The hybrid pools under the same paths: retraction, priority preemption and queue rejections.
     mamba = _records(matrix["mamba-priority"].trace)
     assert any(type(r) is Retract for r in mamba) and any(p.released for p in passes["mamba-priority"])

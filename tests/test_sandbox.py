@@ -18,6 +18,7 @@ from conftest import generate, log_size
 
 from schedtrace.tracer.contract.errors import UsageError
 from schedtrace.tracer.contract.names import START_METHOD_ENV
+from schedtrace.tracer.sandbox.assets.make_tiny_model import VOCAB_SIZE, WIDE_VOCAB_SIZE
 from schedtrace.tracer.sandbox.models import MODELS, model
 from schedtrace.tracer.sandbox.server import THREADS_BIND_ENV, SandboxServer, rank_args, threads_bind
 from schedtrace.tracer.sandbox.standins import STAND_INS, STANDINS_ENV, check_names
@@ -74,7 +75,9 @@ def test_serves_concurrent_requests_with_chunked_prefill(sandbox):
 def test_every_model_ships_its_config_and_the_tokenizer(name: str) -> None:
     entry = model(name)
     config = json.loads((entry.model_dir / "config.json").read_text())
-    assert config["vocab_size"] == 512 and config["eos_token_id"] == 2
+    # the tokenizer's 512 words; the wide-vocab llama's embedding is wider (make_tiny_model.py)
+    assert config["vocab_size"] == (WIDE_VOCAB_SIZE if name == "llama-wide-vocab" else VOCAB_SIZE)
+    assert config["eos_token_id"] == 2
     for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         assert (entry.model_dir / tokenizer_file).is_file()
     assert check_names(entry.stand_ins) == entry.stand_ins
@@ -98,6 +101,7 @@ def test_ranks_choose_their_flags_stand_ins_and_cores() -> None:
     assert rank_args(1, 1) == ()
     assert rank_args(2, 1) == ("--tp", "2")
     assert rank_args(2, 2) == ("--tp", "2", "--dp", "2", "--enable-dp-attention")
+    assert rank_args(1, 1, pp=2) == ("--pp-size", "2")
     assert threads_bind(2, [0, 1]) == "0|1"
     assert threads_bind(2, [0, 1, 2, 3]) == "0-1|2-3"
     assert threads_bind(3, [0, 1]) == "0|1|0"
@@ -106,6 +110,9 @@ def test_ranks_choose_their_flags_stand_ins_and_cores() -> None:
     assert llama.stand_ins_for() == ()
     assert llama.stand_ins_for(tp=2) == ("no-pynccl",)
     assert llama.stand_ins_for(tp=2, dp=2) == ("no-pynccl", "forward")
+    assert llama.stand_ins_for(pp=2) == ("no-pynccl",)  # stages talk through torch.distributed too
+    pp_server = SandboxServer(model="llama-wide-vocab", pp=2)
+    assert "--pp-size" in pp_server.command() and pp_server.environment({})[THREADS_BIND_ENV].count("|") == 1
     dp_server = SandboxServer(dp=2)
     assert dp_server.tp == 2 and "--enable-dp-attention" in dp_server.command()
     assert "model forward" not in dp_server.describe().split("Stood in for")[0]

@@ -18,7 +18,8 @@ from schedtrace.tracer.contract.schema import ServerArgs
 
 SRT = Path(sglang.__file__).parent / "srt"
 MODULES = [SRT / "managers" / "scheduler.py", SRT / "managers" / "schedule_policy.py",
-           SRT / "managers" / "schedule_batch.py", *sorted((SRT / "mem_cache").rglob("*.py"))]
+           SRT / "managers" / "schedule_batch.py", SRT / "managers" / "scheduler_components" / "dynamic_chunk_sizer.py",
+           *sorted((SRT / "mem_cache").rglob("*.py"))]
 FIELD = re.compile(r"(?:server_args|get_schedule\(\)|get_memory\(\))\.([a-z_][a-z_0-9]*)")
 BAG = re.compile(r"\bget_([a-z]+)\(\)\.")
 ENV = re.compile(r"\benvs\.([A-Z_][A-Z_0-9]*)")
@@ -51,7 +52,7 @@ def test_the_walk_finds_the_settings_the_issue_names() -> None:
     names, _ = _reads()
     for name in ("schedule_low_priority_values_first", "priority_scheduling_preemption_threshold",
                  "prefill_max_requests", "enable_dynamic_chunking", "IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD",
-                 "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "SGLANG_TEST_RETRACT"):
+                 "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "SGLANG_TEST_RETRACT", "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"):
         assert name in names and name in _recorded()
 
 

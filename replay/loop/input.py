@@ -21,6 +21,7 @@ from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.retraction import RetractionOrder
+from schedtrace.replay.loop.chunk_sizer import ChunkSizes
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
@@ -227,6 +228,10 @@ class LoopInput:
     @property
     def retraction(self) -> RetractionOrder:
         return RetractionOrder.of(self.header)
+
+    @property
+    def chunk_sizes(self) -> ChunkSizes:
+        return ChunkSizes(self.header, self.start.chunked_prefill_size)
 
     @property
     def retract_every(self) -> int:

@@ -89,9 +89,9 @@ def run_arm(
     effective: list[Decision] = []  # what each pass really admitted (stall detection)
     stuck_at: int | None = None
     same_for = 0
-    start = loop.start
     pools = loop.pools
     ratio, retract_every, retraction = loop.ratio_rule, loop.retract_every, loop.retraction
+    chunk_sizes = loop.chunk_sizes
     totals = state.pool_totals()
     # Ties only the server's tree or text could break: dfs-weight's branch order
     # (schedtrace.replay.loop.tree_order), routing-key's key text (schedtrace.replay.routing_keys)
@@ -128,10 +128,12 @@ def run_arm(
                 seq=seq,
                 t_ns=loop.clock.time_at(loop.start_iteration + step),
                 new_token_ratio=state.new_token_ratio,
-                chunked_prefill_size=start.chunked_prefill_size,
+                chunked_prefill_size=chunk_sizes.static_size,
                 pools=pools,
                 processed_tokens=loop.processed_at(loop.start_iteration + step),
             )
+            if chunk_sizes.dynamic:
+                p = msgspec.structs.replace(p, chunked_prefill_size=chunk_sizes.size(p.chunked))
             order = loop.draws.order_at(loop.start_iteration + step, p.waiting) if loop.draws else None
             if order is None and tie_order is not None:
                 order = tie_order.queue_order(p.waiting)

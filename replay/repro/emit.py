@@ -154,7 +154,7 @@ def _said(decision: Decision) -> str:
 
 def _server_constants(header: Header, p: Pass) -> list[str]:
     args = header.server_args
-    micro = capacity.max_running(header)  # pp_max_micro_batch_size, as PassDriver sets it
+    micro = capacity.micro_batch_cap(header)  # pp_max_micro_batch_size, as PassDriver sets it
     grid = max(1, header.mamba_chunk_grid)
     lines = [
         "# The recording server's options",

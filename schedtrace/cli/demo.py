@@ -105,7 +105,7 @@ def say(lines: list[str]) -> None:
 @server_options
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
 def demo(out_dir: Path, workload: Path, bench_serving: bool, prompts: int, model: str, tp: int, dp: int,
-         stand_in_forward: bool, launch_args: tuple[str, ...]) -> None:
+         pp: int, stand_in_forward: bool, launch_args: tuple[str, ...]) -> None:
     """Reproduce a stall of the real sglang server live on CPU, under stock and under the fixes,
     replay both runs, and explain the result.
 
@@ -113,7 +113,7 @@ def demo(out_dir: Path, workload: Path, bench_serving: bool, prompts: int, model
     with --bench-serving, the model's overload) flags (a later flag wins), e.g.
     `schedtrace demo --bench-serving -- --schedule-policy lpm`.
     """
-    if not bench_serving and model == DEFAULT_MODEL and tp == 1 and dp == 1 and not stand_in_forward:
+    if not bench_serving and model == DEFAULT_MODEL and tp == dp == pp == 1 and not stand_in_forward:
         return live_ab(out_dir.resolve(), workload, launch_args)
     out_dir = out_dir.resolve()
     trace_dir = usable_trace_dir(out_dir / "traces")
@@ -124,7 +124,7 @@ def demo(out_dir: Path, workload: Path, bench_serving: bool, prompts: int, model
     spec = LoadSpec(**{**base.__dict__, "num_prompts": prompts})
     failures: list[str] = []
 
-    server = SandboxServer(model=model, tp=tp, dp=dp, stand_in_forward=stand_in_forward, overload=True,
+    server = SandboxServer(model=model, tp=tp, dp=dp, pp=pp, stand_in_forward=stand_in_forward, overload=True,
                            trace_dir=trace_dir, extra_args=launch_args, log_path=out_dir / "server.log")
     step(f"starting sglang on CPU: {server.describe()}")
     click.echo(f"    launch flags: {' '.join(server.extra_args)}; tracing into {trace_dir}")

@@ -40,6 +40,7 @@ def sandbox(
     model: str,
     tp: int,
     dp: int,
+    pp: int,
     stand_in_forward: bool,
     overload: bool,
     log_path: Path | None,
@@ -50,7 +51,7 @@ def sandbox(
     Arguments after `--` go to `python -m sglang.launch_server` unchanged.
     """
     trace_dir = usable_trace_dir(trace_dir)
-    server = SandboxServer(model=model, tp=tp, dp=dp, stand_in_forward=stand_in_forward, overload=overload,
+    server = SandboxServer(model=model, tp=tp, dp=dp, pp=pp, stand_in_forward=stand_in_forward, overload=overload,
                            trace_dir=trace_dir, port=port, fixes=fixes, extra_args=launch_args,
                            log_path=log_path)
     stop_requested = threading.Event()

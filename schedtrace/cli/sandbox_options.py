@@ -22,7 +22,7 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
 
 
 def server_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--model``, ``--list-models``, ``--tp``, ``--dp`` and ``--stand-in-forward``."""
+    """``--model``, ``--list-models``, ``--tp``, ``--dp``, ``--pp`` and ``--stand-in-forward``."""
     decorators = [
         click.option("--model", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL, show_default=True,
                      help="Sandbox model (see --list-models)."),
@@ -32,6 +32,8 @@ def server_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Tensor-parallel scheduler ranks (2: gloo all-reduce on CPU, one core each)."),
         click.option("--dp", type=click.IntRange(1, 2), default=1, show_default=True,
                      help="DP-attention ranks (2 turns on --enable-dp-attention; the forward is stood in for)."),
+        click.option("--pp", type=click.IntRange(1, 2), default=1, show_default=True,
+                     help="Pipeline stages (2 runs sglang's PP loop; --enable-dynamic-chunking needs it)."),
         click.option("--stand-in-forward", is_flag=True,
                      help="Stand in for the model forward too (deterministic tokens, EOS included): faster soaks."),
     ]

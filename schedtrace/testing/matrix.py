@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedtrace.testing.load import ABORT_POLL_ENV, policy_requests, run
+from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.sandbox.models import model as find_model
 from schedtrace.tracer.sandbox.server import SandboxServer
 
 BASE_ARGS = ("--max-running-requests", "4", "--chunked-prefill-size", "1024", "--max-total-tokens", "12000")
@@ -26,6 +28,7 @@ class Config:
     name: str
     args: tuple[str, ...]
     model: str = "llama"
+    pp: int = 1  # pipeline stages; each records a trace, and the first stage's is replayed
     env: dict[str, str] = field(default_factory=dict)
     priorities: bool = False
     routing: bool = False
@@ -55,6 +58,10 @@ CONFIGS = (
                               "--max-mamba-cache-size", "12"),
            model="hybrid-mamba", env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "7"},
            priorities=True),
+    # chunks sized by sglang's latency-fitted sizer, which runs only with pipeline stages; the
+    # wide-vocab llama lets its start-up profile prefill ids below 10,000
+    Config("dynamic-chunking", ("--schedule-policy", "lpm", "--enable-dynamic-chunking"),
+           model="llama-wide-vocab", pp=2),
 )
 
 
@@ -69,13 +76,20 @@ def record(config: Config, base: Path) -> Recorded:
     """Serve the load on ``config``'s sandbox, recording into ``base/NAME/traces``."""
     folder = base / config.name
     shutil.rmtree(folder, ignore_errors=True)  # one trace per configuration
-    args = BASE_ARGS if config.model == "llama" else ()
-    server = SandboxServer(model=config.model, overload=config.model != "llama", trace_dir=folder / "traces",
+    hybrid = find_model(config.model).hybrid is not None
+    args = () if hybrid else BASE_ARGS
+    server = SandboxServer(model=config.model, pp=config.pp, overload=hybrid, trace_dir=folder / "traces",
                            extra_args=(*args, *config.args), log_path=folder / "server.log", env={**ABORT_POLL_ENV, **config.env})
     with server:
         outcomes = run(server.url, policy_requests(config.name, priorities=config.priorities, routing=config.routing))
-    (trace,) = sorted((folder / "traces").glob("*.trace"))
-    return Recorded(config, trace, outcomes)
+    traces = sorted((folder / "traces").glob("*.trace"))
+    assert len(traces) == config.pp, traces  # a trace per rank
+    return Recorded(config, next(t for t in traces if _pp_rank(t) == 0), outcomes)
+
+
+def _pp_rank(trace: Path) -> int:
+    with TraceReader(trace) as reader:
+        return reader.header.pp_rank
 
 
 class MatrixRecording:

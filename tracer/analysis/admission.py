@@ -79,7 +79,7 @@ def limits_of(source: ServerConfig) -> Limits:
         policy = "fcfs"
     return Limits(
         page=max(1, args.page_size),
-        max_running=capacity.max_running(source),
+        max_running=capacity.micro_batch_cap(source),
         max_prefill_tokens=args.max_prefill_tokens,
         mixed_chunk=args.enable_mixed_chunk,
         radix_cache=not args.disable_radix_cache,

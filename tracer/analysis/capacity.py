@@ -23,6 +23,15 @@ def max_running(header: Header) -> int:
     return max(header.server_args.max_running_requests or request_slots(header), 1)
 
 
+def micro_batch_cap(header: Header) -> int:
+    """The requests one running batch may hold (``pp_max_micro_batch_size``): the setting, else
+    sglang's default, the running cap over the pipeline stages (``Scheduler.__init__``)."""
+    given = header.settings.get("pp_max_micro_batch_size")
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return given
+    return max(max_running(header) // max(header.pp_size, 1), 1)
+
+
 def kv_tokens(header: Header) -> int | None:
     """Full-pool KV tokens: the pool layout's size, else ``max_total_tokens``; None: unknown."""
     if header.pools is not None:

@@ -24,6 +24,7 @@ SERVER_SETTINGS: Final = (
     "default_priority_value",
     "prefill_max_requests",
     "enable_dynamic_chunking",
+    "pp_max_micro_batch_size",
     "num_continuous_decode_steps",
     "max_queued_requests",
     "enable_prefill_delayer",
@@ -57,6 +58,7 @@ ENV_SETTINGS: Final = (
     SGLANG_SWA_EVICTION_INTERVAL_ENV,
     "SGLANG_REQ_WAITING_TIMEOUT",
     "SGLANG_REQ_RUNNING_TIMEOUT",
+    "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR",
 )
 
 POLICY_MODULE: Final = "sglang.srt.managers.schedule_policy"
@@ -103,6 +105,7 @@ OPEN_LOOP_NEUTRAL: Final = {
     "mamba_full_memory_ratio": "sizes the pools at start; the header records the pools",
     "max_mamba_cache_size": "sizes the pools at start; the header records the pools",
     "enable_dynamic_chunking": "each pass records the chunk size the sizer chose",
+    "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "each pass records the chunk size the sizer chose (the closed loop reads it)",
 }
 
 # Recorded values replay cannot reproduce: (setting, value replay assumes). Another value warns.

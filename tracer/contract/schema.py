@@ -52,6 +52,21 @@ class ServerArgs(_Row):
     schedule_conservativeness: float = 1.0
 
 
+class ChunkSizerFit(_Row):
+    """sglang's dynamic-chunking latency model (``ChunkSizePredictor``), as fitted at start.
+
+    f(l) = quadratic * l^2 + linear * l + constant, in milliseconds; a continuing chunk after
+    l prefilled tokens gets the x with f(l + x) - f(l) = target_latency_ms (then smoothed,
+    aligned and capped by sglang). The fit is measured on the recording host, so it is recorded.
+    """
+
+    quadratic: float
+    linear: float
+    constant: float
+    target_latency_ms: float  # f(chunked_prefill_size) - f(0)
+    context_len: int  # the model's context length: a chunk leaves 100 tokens below it
+
+
 class PoolLayout(_Row):
     """The pools the scheduler built, as far as admission reads them.
 
@@ -118,6 +133,9 @@ class Header(_Record, tag="header"):
     # Every other setting sglang's scheduling code reads, by its sglang name: ``ServerArgs``
     # fields and environment settings (tracer/recorder/settings.py lists them). {}: older traces.
     settings: dict[str, int | float | str | bool | None] = {}
+    # The dynamic chunk sizer's fit (--enable-dynamic-chunking with pp_size > 1, once its
+    # profile fitted); None: chunks are sized statically, or an older trace.
+    chunk_sizer: ChunkSizerFit | None = None
 
     @property
     def low_priority_values_first(self) -> bool:

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from schedtrace.tracer.contract.prefix_ids import block_tokens
-from schedtrace.tracer.contract.schema import SCHEMA_VERSION, Header, ServerArgs
+from schedtrace.tracer.contract.schema import SCHEMA_VERSION, ChunkSizerFit, Header, ServerArgs
 from schedtrace.tracer.contract.versions import installed_version
 from schedtrace.tracer.recorder import pools
 from schedtrace.tracer.recorder.ranks import read_ranks
@@ -60,6 +60,22 @@ def header_row(scheduler: Any, pid: int, start_wall_ns: int, part: int, first_pa
         overlap_schedule=_overlap_loop(scheduler, ranks["pp_size"] or 1),
         prefix_block=block_tokens(int(getattr(scheduler, "page_size", 1) or 1)),
         settings=read_settings(scheduler.server_args),
+        chunk_sizer=chunk_sizer_fit(scheduler),
+    )
+
+
+def chunk_sizer_fit(scheduler: Any) -> ChunkSizerFit | None:
+    """The dynamic chunk sizer's fitted model, if the scheduler has a ready one."""
+    sizer = getattr(scheduler, "dynamic_chunk_sizer", None)
+    predictor = getattr(sizer, "predictor", None)
+    if predictor is None or not predictor.is_ready or predictor.target_latency is None:
+        return None
+    return ChunkSizerFit(
+        quadratic=float(predictor.quadratic_coeff_a),
+        linear=float(predictor.linear_coeff_b),
+        constant=float(predictor.constant_coeff_c),
+        target_latency_ms=float(predictor.target_latency),
+        context_len=int(sizer.model_config.context_len),
     )
 
 

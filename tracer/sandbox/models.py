@@ -71,10 +71,12 @@ class SandboxModel:
     def model_dir(self) -> Path:
         return ASSETS_DIR / self.asset
 
-    def stand_ins_for(self, tp: int = 1, dp: int = 1, stand_in_forward: bool = False) -> tuple[str, ...]:
-        """Stand-ins at ``tp`` ranks with ``dp`` attention ranks (``stand_in_forward``: for speed)."""
+    def stand_ins_for(self, tp: int = 1, dp: int = 1, stand_in_forward: bool = False,
+                      pp: int = 1) -> tuple[str, ...]:
+        """Stand-ins at ``tp`` ranks with ``dp`` attention ranks and ``pp`` stages
+        (``stand_in_forward``: for speed)."""
         extra: list[str] = []
-        if tp > 1:
+        if tp * pp > 1:
             extra.append(NO_PYNCCL.name)
         if dp > 1 or stand_in_forward:
             extra.append(FORWARD.name)  # an idle DP rank's empty batch breaks the real forward
@@ -148,7 +150,17 @@ HYBRID_SWA = SandboxModel(
     hybrid="swa",
 )
 
-MODELS: dict[str, SandboxModel] = {m.name: m for m in (LLAMA, HYBRID_MAMBA, HYBRID_GDN, HYBRID_SWA)}
+# sglang's dynamic-chunking profiler prefills ids below 10,000 (make_tiny_model.WIDE_VOCAB_SIZE).
+LLAMA_WIDE_VOCAB = replace(
+    LLAMA,
+    name="llama-wide-vocab",
+    family="tiny Llama with a 10,240-id embedding, for --enable-dynamic-chunking's profiler",
+    asset="tiny-llama-wide-vocab",
+)
+
+MODELS: dict[str, SandboxModel] = {
+    m.name: m for m in (LLAMA, HYBRID_MAMBA, HYBRID_GDN, HYBRID_SWA, LLAMA_WIDE_VOCAB)
+}
 DEFAULT_MODEL = LLAMA.name
 
 

@@ -120,11 +120,13 @@ def server_env(
     return env
 
 
-def rank_args(tp: int, dp: int) -> tuple[str, ...]:
-    """``--tp``/``--dp`` flags; DP here is DP attention, which needs ``tp >= dp``."""
-    if tp < 1 or dp < 1:
-        raise UsageError(f"sandbox ranks must be >= 1, got tp={tp} dp={dp}")
+def rank_args(tp: int, dp: int, pp: int = 1) -> tuple[str, ...]:
+    """``--tp``/``--dp``/``--pp-size`` flags; DP here is DP attention, which needs ``tp >= dp``."""
+    if tp < 1 or dp < 1 or pp < 1:
+        raise UsageError(f"sandbox ranks must be >= 1, got tp={tp} dp={dp} pp={pp}")
     args: tuple[str, ...] = ("--tp", str(tp)) if tp > 1 else ()
+    if pp > 1:
+        args += ("--pp-size", str(pp))
     if dp > 1:
         if tp % dp:
             raise UsageError(f"DP attention needs tp to be a multiple of dp, got tp={tp} dp={dp}")
@@ -138,6 +140,7 @@ def launch_command(
     sandbox_model: SandboxModel | None = None,
     tp: int = 1,
     dp: int = 1,
+    pp: int = 1,
 ) -> list[str]:
     entry = sandbox_model or find_model(DEFAULT_MODEL)
     return [
@@ -145,7 +148,7 @@ def launch_command(
         "--model-path", str(entry.model_dir),
         *BASE_LAUNCH_ARGS,
         *entry.launch_args,
-        *rank_args(tp, dp),
+        *rank_args(tp, dp, pp),
         "--host", HOST,
         "--port", str(port),
         *DEFAULT_POOL_ARGS,
@@ -160,6 +163,7 @@ class SandboxServer:
         (default), ``"hybrid-mamba"``, ``"hybrid-swa"``.
     tp: tensor-parallel ranks (one scheduler process each, each recording its own trace).
     dp: DP-attention ranks (``--dp N --enable-dp-attention``); tp is raised to dp if lower.
+    pp: pipeline stages (``--pp-size N``), each of tp ranks, each rank recording its own trace.
     stand_in_forward: stand in for the model forward even where the real one runs (speed).
     overload: add the model's overload arguments (``SandboxModel.overload_args``) before extra_args.
     trace_dir: passed as ``SCHEDTRACE_DIR`` (created if missing); None: no tracing.
@@ -176,6 +180,7 @@ class SandboxServer:
         model: str = DEFAULT_MODEL,
         tp: int = 1,
         dp: int = 1,
+        pp: int = 1,
         stand_in_forward: bool = False,
         overload: bool = False,
         trace_dir: str | os.PathLike[str] | None = None,
@@ -192,7 +197,8 @@ class SandboxServer:
         self.env = dict(env or {})
         self.dp = dp
         self.tp = max(tp, dp)
-        rank_args(self.tp, self.dp)  # bad ranks fail here, not in the server
+        self.pp = pp
+        rank_args(self.tp, self.dp, self.pp)  # bad ranks fail here, not in the server
         self.stand_in_forward = stand_in_forward
         self.trace_dir = Path(trace_dir).resolve() if trace_dir is not None else None
         self.fixes = fixes or None
@@ -221,7 +227,7 @@ class SandboxServer:
     @property
     def stand_ins(self) -> tuple[str, ...]:
         """The stand-ins armed in every server process (beyond the sgl_kernel import)."""
-        return self.model.stand_ins_for(self.tp, self.dp, self.stand_in_forward)
+        return self.model.stand_ins_for(self.tp, self.dp, self.stand_in_forward, self.pp)
 
     def describe(self) -> str:
         """The model, what runs real and what is stood in for, at this server's ranks."""
@@ -237,10 +243,10 @@ class SandboxServer:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
-        return launch_command(self.port, self.extra_args, self.model, self.tp, self.dp)
+        return launch_command(self.port, self.extra_args, self.model, self.tp, self.dp, self.pp)
 
     def environment(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-        return server_env({**base, **self.env}, self.trace_dir, self.fixes, self.stand_ins, self.tp)
+        return server_env({**base, **self.env}, self.trace_dir, self.fixes, self.stand_ins, self.tp * self.pp)
 
     def start(self) -> "SandboxServer":
         """Launch and wait until healthy; raises ``ServerStartError`` with the log tail."""

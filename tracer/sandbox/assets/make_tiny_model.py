@@ -140,8 +140,16 @@ GPT_OSS_CONFIG: dict = {
     },
 }
 
+# sglang's dynamic-chunking profiler (``DynamicChunkSizer._profile_prefill_latency``) prefills
+# prompts of ids drawn below 10,000; in a 512-word embedding they fail and chunking stays static.
+# The tokenizer stays the shared 512 words: the loads send ids below 512, and an id past the
+# tokenizer decodes to nothing.
+WIDE_VOCAB_SIZE = 10240
+LLAMA_WIDE_VOCAB_CONFIG: dict = {**LLAMA_CONFIG, "vocab_size": WIDE_VOCAB_SIZE}
+
 CONFIGS: dict[str, dict] = {
     "tiny-llama": LLAMA_CONFIG,
+    "tiny-llama-wide-vocab": LLAMA_WIDE_VOCAB_CONFIG,
     "tiny-kimi-linear": KIMI_LINEAR_CONFIG,
     "tiny-qwen3-next": QWEN3_NEXT_CONFIG,
     "tiny-gpt-oss": GPT_OSS_CONFIG,
