@@ -51,7 +51,7 @@ IDENTITY_FIELDS: Final = ("host", "pid", "start_wall_ns", "part", "first_pass", 
 SHARED_FIELDS: Final = ("schema_version", "sglang_version", "schedtrace_version", "server_args", "max_req_slots",
                         "is_hybrid_swa", "is_hybrid_mamba", "mamba_chunk_grid", "pools", "exact_chunk_fill",
                         "tp_size", "dp_size", "pp_size", "attn_tp_size", "attn_dp_size", "overlap_schedule",
-                        "prefix_block", "settings")
+                        "prefix_block", "settings", "chunk_sizer")
 
 
 def run_mode(headers: Sequence[Header]) -> str:
