@@ -65,10 +65,6 @@ def test_stock_reproduces_every_decision_and_queue_order(matrix: dict[str, Recor
 
 
 
-# dynamic-chunking runs two pipeline stages: sglang's PP loop keeps a running batch per micro-batch
-# (``Scheduler.running_mbs``), each with its own batch_is_full, and the closed loop models one.
-CLOSED_LOOP_UNMODELLED = {"dynamic-chunking": "pipeline micro-batches are not modelled by the closed loop"}
-CLOSED_LOOP_EXACT = [c.name for c in CONFIGS if c.name not in CLOSED_LOOP_UNMODELLED]
 # Every configuration is held to the issue's bounds. The last two to drift: dfs-weight (9% to 25% p90
 # on 4 recordings here) until each arm aged its tree's branches by its own inserts (the first member
 # to prefill makes a family's branch, not the first to arrive) and a client-aborted request decoded
@@ -82,7 +78,7 @@ CLOSED_LOOP_EXACT = [c.name for c in CONFIGS if c.name not in CLOSED_LOOP_UNMODE
 MIN_COMPARED = 15
 
 
-@pytest.mark.parametrize("name", CLOSED_LOOP_EXACT)
+@pytest.mark.parametrize("name", [c.name for c in CONFIGS])
 def test_the_stock_closed_loop_reproduces_the_recording(matrix: dict[str, Recorded], name: str) -> None:
     """Evolved by its own decisions, the stock arm admits each request when the server did."""
     check = run_closed_loop(matrix[name].trace, ["stock"]).self_check

@@ -42,7 +42,7 @@ def lockable(req: LoopReq, page_size: int) -> int:
 
 def _lender(state: LoopState, shared: int) -> str | None:
     """A running (or the chunked) request that can hold ``shared`` tokens of a prompt."""
-    holders = [*state.running, *([state.chunked] if state.chunked is not None else [])]
+    holders = state.held()
     able = [r for r in holders if r.input_len >= shared and r.kv_held >= shared and r.output_len < r.target_output]
     # The one to run longest: a wrong guess then shows last.
     return max(able, key=lambda r: r.target_output - r.output_len).rid if able else None

@@ -18,6 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
+from schedtrace.replay.loop.micro_batches import MicroBatch, loop_size, parked_at_start
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.retraction import RetractionOrder
@@ -261,9 +262,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     pools = LoopPools.of(header)
     targets = {rid: n for rid, n in scan.targets.items() if rid not in scan.requeued_then_left}
     initial = initial_state(start, targets, pools, page_size=max(1, header.server_args.page_size))
-    known = {r.rid for r in (*initial.waiting, *initial.running)}
-    if initial.chunked is not None:
-        known.add(initial.chunked.rid)
+    initial.parked = _parked(reader, scan, from_pass, start_iteration, initial, targets, pools)
+    known = {r.rid for r in initial.requests()}
     ids = {a.rid: a.prefix_ids for a in scan.arrivals if a.prefix_ids and a.rid in known}
     for req in initial.requests():
         req.prefix_ids = ids.get(req.rid, b"")
@@ -383,6 +383,25 @@ def initial_state(
         forward_ct=p.forward_ct,
         new_token_ratio=p.new_token_ratio,
     )
+
+
+def _parked(reader: TraceReader, scan: TraceScan, from_pass: int, start_iteration: int, initial: LoopState,
+            targets: dict[str, int], pools: LoopPools) -> list[MicroBatch]:
+    """The pipeline's other micro-batches at the start: the running requests the passes after it
+    record, each where that pass follows at once (an unrecorded turn starts empty)."""
+    size = loop_size(reader.header)
+    later: list[list[LoopReq]] = []
+    known = {r.rid for r in initial.requests()}
+    page_size = max(1, reader.header.server_args.page_size)
+    for turn in range(1, size):
+        at = from_pass + turn
+        if at >= reader.pass_count or scan.iteration_of(at) != start_iteration + turn:
+            later.append([])
+            continue
+        running = initial_state(replay_inputs(reader.pass_at(at)), targets, pools, page_size=page_size).running
+        later.append([r for r in running if r.rid not in known])
+        known.update(r.rid for r in later[-1])
+    return parked_at_start(size, later)
 
 
 def default_max_passes(loop: LoopInput, stall_passes: int) -> int:

@@ -25,12 +25,14 @@ peak, completion order) into ``ClosedLoop.self_check``.
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 
 from schedtrace.replay.loop.feed import ArrivalFeed
+from schedtrace.replay.loop.micro_batches import rotate
 from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
     LoopInput, TraceScan, default_max_passes, initial_state, load_input, scan_trace,
 )
@@ -97,6 +99,8 @@ def run_arm(
     # (schedtrace.replay.loop.tree_order), routing-key's key text (schedtrace.replay.routing_keys)
     tie_order = loop.tie_order.for_arm(state) if loop.tie_order is not None else None
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
+    turns = len(state.parked) + 1  # micro-batches: a state recurs after a round of them
+    entries: deque[tuple] = deque(maxlen=turns)  # the last round's entry signatures
     while step < limit:
         feed.feed(state, step)
         while feed.left:  # aborted or rejected while waiting: it ends here, unrun
@@ -105,7 +109,7 @@ def run_arm(
             state = abort_chunked(state, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools)
             run.finished_at.setdefault(feed.chunk_aborted, step)
             feed.chunk_aborted = None
-        if state.is_idle and not state.running:
+        if state.is_empty:
             if feed.next_arrival is None:
                 break  # every request finished and nothing more arrives
             # Nothing runs until the next arrival: skip straight to it.
@@ -146,13 +150,14 @@ def run_arm(
                 exceptions += 1
                 if len(errors) < MAX_ERRORS_LISTED:
                     errors.append(ArmError(pass_=seq, error=decision.error))
-        before = state.signature()
+        entries.append(state.signature())
         state, result = apply_decision(
             state, decision, page_size=loop.page_size, radix_cache=loop.radix_cache, pools=pools,
             mixed_chunk=loop.mixed_chunk, overlap=loop.overlap, retract_every=retract_every, ratio=ratio,
             prefix_block=loop.header.prefix_block, retraction=retraction,
         )
         _check_totals(totals, state, seq)
+        rotate(state)
         if tie_order is not None:
             tie_order.landed(state)
         if recorded:
@@ -180,13 +185,14 @@ def run_arm(
         # deterministic): once that has lasted longer than a stall, nothing
         # happens until the next arrival (or prefix match). Fold the passes up
         # to it into this one (as the recorder folds repeats), or stop if none is to come.
-        same_for = same_for + 1 if state.signature() == before else 0
+        same_for = same_for + 1 if len(entries) == turns and state.signature() == entries[0] else 0
         if same_for > stall_passes:
             next_event = feed.next_event(state)
             if next_event is None:
                 stuck_at = seq
                 break
             skip = max(min(next_event, limit) - step, 0)
+            skip -= skip % turns  # whole rounds: the same micro-batch's turn comes next
             if recorded:
                 last = run.passes[-1]
                 run.passes[-1] = msgspec.structs.replace(last, repeat=last.repeat + skip)

@@ -26,6 +26,10 @@ and one forward step, as ``Scheduler.get_next_batch_to_run`` picks it:
   overlap scheduler that happens one step later, and each pass sees the
   outputs of the step before it one short (``LoopReq.inflight``).
 
+In the pipeline (``schedtrace.replay.loop.micro_batches``) a pass decides for
+one micro-batch's running batch, and the step processes the results of the
+next micro-batch's last step instead of its own.
+
 A pass that raised, or whose allocation cannot be met, admits nothing
 (the real allocator would have failed it); decode still runs.
 
@@ -40,14 +44,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from schedtrace.replay.loop.admit import admission_plan, admit, hand_over, insert, requeue_match
+from schedtrace.replay.loop.micro_batches import MicroBatch
 from schedtrace.replay.loop.records import replace_pass, to_pass, with_outputs  # re-exported
 from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
-    FULL_POOL, LoopPools, StepPools, ceil_page, floor_page, fork_mamba, hold, release, slide_swa,
+    FULL_POOL, LoopPools, StepPools, ceil_page, fork_mamba, hold, release, slide_swa,
 )
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.retraction import BY_LENGTH, RetractionOrder
+from schedtrace.replay.loop.tree_share import share_duplicates
 from schedtrace.tracer.contract.order import in_order
-from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES
 from schedtrace.tracer.contract.report import Decision
 
 __all__ = ["LoopReq", "LoopState", "StepResult", "apply_decision", "ceil_page", "replace_pass", "to_pass",
@@ -110,6 +115,8 @@ class LoopState:
     # Scheduler.forward_ct, counted on from the recording's (Pass.forward_ct; None: not recorded)
     forward_ct: int | None = None
     new_token_ratio: float = 0.0  # schedtrace.replay.loop.ratio: from the recorded pass, evolved
+    # The pipeline's other micro-batches, the next to run first (schedtrace.replay.loop.micro_batches)
+    parked: list[MicroBatch] = field(default_factory=list)
 
     def copy(self) -> LoopState:
         return replace(
@@ -117,11 +124,16 @@ class LoopState:
             waiting=[replace(r) for r in self.waiting],
             running=[replace(r) for r in self.running],
             chunked=replace(self.chunked) if self.chunked is not None else None,
+            parked=[mb.copy() for mb in self.parked],
         )
 
-    def requests(self) -> list[LoopReq]:
+    def held(self) -> list[LoopReq]:
+        """The requests holding KV: every micro-batch's running ones and the chunked one."""
         chunked = [self.chunked] if self.chunked is not None else []
-        return [*self.waiting, *self.running, *chunked]
+        return [*self.running, *(r for mb in self.parked for r in mb.running), *chunked]
+
+    def requests(self) -> list[LoopReq]:
+        return [*self.waiting, *self.held()]
 
     def pool_totals(self) -> dict[str, int]:
         """Free + evictable + held of every pool: a step moves units, never makes or loses them."""
@@ -152,12 +164,18 @@ class LoopState:
             self.swa_evictable,
             self.mamba_free,
             self.mamba_evictable,
+            tuple(mb.key() for mb in self.parked),
         )
 
     @property
     def is_idle(self) -> bool:
         """Nothing to admit: sglang's pass returns at once without touching state."""
         return not self.waiting and self.chunked is None
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to admit and nothing runs in any micro-batch: the server is idle."""
+        return self.is_idle and not self.running and not any(mb.running for mb in self.parked)
 
 
 @dataclass
@@ -274,24 +292,39 @@ def apply_decision(
         req.output_len += 1  # the prefill's forward samples the first token
         state.running.append(req)
     done = [r for r in finishing if r in state.running]  # (an aborting one may have been retracted)
-    if not overlap:
+    if not overlap and not state.parked:
         done += [r for r in decoding + prefilled if r in state.running and r.output_len >= r.target_output]
-    for req in done:
-        state.running.remove(req)
-        hand_over(req, state.requests())
-        release(req, step, cached=radix_cache)
-        state.req_slots_free += 1
-        result.finished.append(req.rid)
-        shrank = True
+    shrank = _finish(done, state.running, state, step, result) or shrank
+    processed = state.running  # whose results the step processes: its own, or the next micro-batch's
+    if state.parked:
+        turn = state.parked[0]
+        processed = turn.running
+        if _finish([r for r in turn.running if r.output_len >= r.target_output], turn.running, state, step, result):
+            turn.batch_is_full = False
     if overlap:
         forwarded = set(map(id, decoding + prefilled))  # this step's batch: its outputs are in flight
         for req in state.running:
             req.inflight = 1 if id(req) in forwarded else 0
     if shrank:
         state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
-    _process_inserts(state, landed_last_step if overlap else None, step, prefix_block)
+    if not overlap:
+        chunked = [state.chunked] if state.chunked is not None else []
+        landed_last_step = [(r, r.tree_landing) for r in [*processed, *chunked] if r.tree_landing]
+    _process_inserts(state, landed_last_step, step, prefix_block)
     step.store(state)
     return state, result
+
+
+def _finish(done: list[LoopReq], batch: list[LoopReq], state: LoopState, step: StepPools,
+            result: StepResult) -> bool:
+    """Requests of ``batch`` that finished leave it: their KV cached (or freed), their slots free."""
+    for req in done:
+        batch.remove(req)
+        hand_over(req, state.requests())
+        release(req, step, cached=step.radix_cache)
+        state.req_slots_free += 1
+        result.finished.append(req.rid)
+    return bool(done)
 
 
 def abort_chunked(state: LoopState, *, page_size: int, radix_cache: bool, pools: LoopPools = FULL_POOL) -> LoopState:
@@ -310,16 +343,14 @@ def abort_chunked(state: LoopState, *, page_size: int, radix_cache: bool, pools:
     return state
 
 
-def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None, step: StepPools,
+def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]], step: StepPools,
                      prefix_block: int) -> None:
-    """The step's results reach the tree: this step's landings, or under overlap the last
-    step's (``landed``), in batch order; a request retracted or preempted meanwhile is skipped,
-    as the result processor skips it."""
-    held = [*state.running, *([state.chunked] if state.chunked is not None else [])]
-    if landed is None:
-        landed = [(r, r.tree_landing) for r in held if r.tree_landing]
-        for req, _ in landed:
-            req.tree_landing = 0
+    """The processed results reach the tree (``landed``: this step's, the last step's under
+    overlap, the next micro-batch's in the pipeline), in batch order; a request retracted or
+    preempted meanwhile is skipped, as the result processor skips it."""
+    held = state.held()
+    for req, _ in landed:
+        req.tree_landing = 0
     chunked = state.chunked
     if chunked is not None and chunked.tree_landing:
         # A chunk lands after the step's results: the next pass stashes it (stash_chunked_request,
@@ -332,44 +363,11 @@ def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]] | None,
         if id(req) not in live:
             continue
         if prefix_block and tokens > req.tree_len and step.swa is None:
-            _share_duplicates(req, tokens, in_tree, step, prefix_block)
+            share_duplicates(req, tokens, in_tree, step, prefix_block)
         if tokens > req.tree_len:
             fork_mamba(req, step)
         req.tree_len = max(req.tree_len, tokens)
         in_tree.append(req)
-
-
-def common_tokens(a: bytes, b: bytes, block: int) -> int:
-    """Tokens two prompts are known to share: their leading equal prefix ids, in whole blocks."""
-    low, high = 0, min(len(a), len(b)) // PREFIX_ID_BYTES  # equal ids: at least low, at most high
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[: mid * PREFIX_ID_BYTES] == b[: mid * PREFIX_ID_BYTES]:
-            low = mid
-        else:
-            high = mid - 1
-    return low * block
-
-
-def _share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: StepPools, block: int) -> None:
-    """``RadixCache._insert_cache`` (a checkpoint): what ``req`` inserts that the tree holds already
-    (a sibling of its prefix family landed first, in this batch or before) is freed, and ``req``
-    locks the sibling's pages instead: it shares them as it would a match."""
-    best, source = 0, None
-    for other in in_tree:
-        if other is not req and other.prefix_ids:
-            shared = min(common_tokens(req.prefix_ids, other.prefix_ids, block), other.tree_len)
-            if shared > best:
-                best, source = shared, other
-    duplicate = floor_page(min(best, tokens), step.page_size) - req.tree_len
-    duplicate = min(duplicate, req.kv_held)
-    if source is None or duplicate <= 0:
-        return
-    step.kv.give(duplicate, False)
-    req.kv_held -= duplicate
-    req.kv_shared += duplicate
-    if req.lender is None:
-        req.lender = source.lender or source.rid  # the one that holds the pages
 
 
 def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefilled: list[LoopReq]) -> None:

@@ -81,7 +81,7 @@ class TreeAges:
 
     def landed(self, state: LoopState) -> None:
         """The step's inserts (``LoopReq.tree_len``) reached the tree."""
-        for req in (*state.running, *((state.chunked,) if state.chunked is not None else ())):
+        for req in state.held():
             if req.tree_len > self._landed.get(req.rid, 0):
                 self._age(req.rid, req.tree_len)
 

@@ -25,6 +25,7 @@ SERVER_SETTINGS: Final = (
     "prefill_max_requests",
     "enable_dynamic_chunking",
     "pp_max_micro_batch_size",
+    "pp_async_batch_depth",
     "num_continuous_decode_steps",
     "max_queued_requests",
     "enable_prefill_delayer",
@@ -105,6 +106,8 @@ OPEN_LOOP_NEUTRAL: Final = {
     "mamba_full_memory_ratio": "sizes the pools at start; the header records the pools",
     "max_mamba_cache_size": "sizes the pools at start; the header records the pools",
     "enable_dynamic_chunking": "each pass records the chunk size the sizer chose",
+    "pp_async_batch_depth": "how many micro-batches the pipeline loops over: each pass records its own "
+                            "micro-batch's running batch (the closed loop reads it)",
     "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "each pass records the chunk size the sizer chose (the closed loop reads it)",
 }
 
