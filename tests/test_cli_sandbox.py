@@ -19,12 +19,18 @@ START_TIMEOUT_S = 300
 pytestmark = [pytest.mark.own_server, pytest.mark.timeout(900)]
 
 
+def _terminal_sigint() -> None:
+    """Ctrl-C's signal as a terminal delivers it: a shell starts a background job with SIGINT ignored,
+    and a test run from one would pass that on to the sandbox, which then never hears the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(script: Path, tmp_path: Path) -> tuple[subprocess.Popen, str, int]:
     """``schedtrace sandbox`` tracing into tmp_path/traces; the URL it prints once ready, and the
     pid of the server it started (the leader of the server's own process group)."""
     proc = subprocess.Popen([str(script), "sandbox", "--trace-dir", str(tmp_path / "traces"),
                              "--log", str(tmp_path / "server.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint)
     said = []
     while not (said and said[-1].startswith("ready in")):  # "ready in N s; pid P", then the URL
         said.append(proc.stderr.readline())
