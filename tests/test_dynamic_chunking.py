@@ -14,7 +14,7 @@ import pytest
 
 from schedtrace.replay.engine import replay_trace
 from schedtrace.replay.loop.chunk_sizer import SMOOTH_FACTOR, ChunkSizes
-from schedtrace.replay.loop.micro_batches import MicroBatch, loop_size, rotate
+from schedtrace.replay.loop.micro_batches import MicroBatch, rotate
 from schedtrace.replay.loop.run import closed_loop_report, load_input, run_arms, scan_trace
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.tracer.analysis import capacity
@@ -112,7 +112,7 @@ def test_a_loop_from_mid_trace_starts_with_the_other_micro_batchs_running_reques
 
 def test_a_state_is_rotated_to_the_next_micro_batch(recorded) -> None:
     header = msgspec.structs.replace(recorded[0], settings={"pp_async_batch_depth": 1})
-    assert loop_size(header) == 3 and loop_size(msgspec.structs.replace(header, pp_size=1)) == 1
+    assert capacity.micro_batches(header) == 3 and capacity.micro_batches(msgspec.structs.replace(header, pp_size=1)) == 1
     a, b = LoopReq("a", 8, 4, 4), LoopReq("b", 8, 4, 4)
     state = LoopState([], [a], None, True, 100, 0, 4, parked=[MicroBatch([b]), MicroBatch()])
     rotate(state)

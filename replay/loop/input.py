@@ -18,7 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
-from schedtrace.replay.loop.micro_batches import MicroBatch, loop_size, parked_at_start
+from schedtrace.replay.loop.micro_batches import MicroBatch
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.retraction import RetractionOrder
@@ -27,6 +27,7 @@ from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_order import BlockAges
 from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
 from schedtrace.replay.loop.clock import PassClock
+from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
@@ -389,19 +390,18 @@ def _parked(reader: TraceReader, scan: TraceScan, from_pass: int, start_iteratio
             targets: dict[str, int], pools: LoopPools) -> list[MicroBatch]:
     """The pipeline's other micro-batches at the start: the running requests the passes after it
     record, each where that pass follows at once (an unrecorded turn starts empty)."""
-    size = loop_size(reader.header)
-    later: list[list[LoopReq]] = []
+    parked: list[MicroBatch] = []
     known = {r.rid for r in initial.requests()}
     page_size = max(1, reader.header.server_args.page_size)
-    for turn in range(1, size):
+    for turn in range(1, capacity.micro_batches(reader.header)):
         at = from_pass + turn
-        if at >= reader.pass_count or scan.iteration_of(at) != start_iteration + turn:
-            later.append([])
-            continue
-        running = initial_state(replay_inputs(reader.pass_at(at)), targets, pools, page_size=page_size).running
-        later.append([r for r in running if r.rid not in known])
-        known.update(r.rid for r in later[-1])
-    return parked_at_start(size, later)
+        batch = MicroBatch()
+        if at < reader.pass_count and scan.iteration_of(at) == start_iteration + turn:
+            running = initial_state(replay_inputs(reader.pass_at(at)), targets, pools, page_size=page_size).running
+            batch.running = [r for r in running if r.rid not in known]
+            known.update(r.rid for r in batch.running)
+        parked.append(batch)
+    return parked
 
 
 def default_max_passes(loop: LoopInput, stall_passes: int) -> int:

@@ -164,7 +164,7 @@ class LoopState:
             self.swa_evictable,
             self.mamba_free,
             self.mamba_evictable,
-            tuple(mb.key() for mb in self.parked),
+            tuple((tuple(key(r) for r in mb.running), mb.batch_is_full) for mb in self.parked),
         )
 
     @property
@@ -238,9 +238,7 @@ def apply_decision(
     result = StepResult()
     step = StepPools.of(state, pools, page_size, radix_cache)
     # Under overlap the last step's results are processed after this step's retraction.
-    landed_last_step = [(r, r.tree_landing) for r in state.requests() if r.tree_landing] if overlap else []
-    for req, _ in landed_last_step:
-        req.tree_landing = 0
+    landed_last_step = _take_landings(state.requests()) if overlap else []
     if decision.released and decision.error is None:
         # Priority preemption released these before admission; _add_request_to_queue appends them.
         for rid in decision.released:
@@ -308,11 +306,18 @@ def apply_decision(
     if shrank:
         state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
     if not overlap:
-        chunked = [state.chunked] if state.chunked is not None else []
-        landed_last_step = [(r, r.tree_landing) for r in [*processed, *chunked] if r.tree_landing]
+        landed_last_step = _take_landings([*processed, *([state.chunked] if state.chunked is not None else [])])
     _process_inserts(state, landed_last_step, step, prefix_block)
     step.store(state)
     return state, result
+
+
+def _take_landings(reqs: list[LoopReq]) -> list[tuple[LoopReq, int]]:
+    """The inserts of ``reqs`` waiting for their results to be processed, taken (in batch order)."""
+    landed = [(r, r.tree_landing) for r in reqs if r.tree_landing]
+    for req, _ in landed:
+        req.tree_landing = 0
+    return landed
 
 
 def _finish(done: list[LoopReq], batch: list[LoopReq], state: LoopState, step: StepPools,
@@ -349,8 +354,6 @@ def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]], step: 
     overlap, the next micro-batch's in the pipeline), in batch order; a request retracted or
     preempted meanwhile is skipped, as the result processor skips it."""
     held = state.held()
-    for req, _ in landed:
-        req.tree_landing = 0
     chunked = state.chunked
     if chunked is not None and chunked.tree_landing:
         # A chunk lands after the step's results: the next pass stashes it (stash_chunked_request,

@@ -26,10 +26,22 @@ def max_running(header: Header) -> int:
 def micro_batch_cap(header: Header) -> int:
     """The requests one running batch may hold (``pp_max_micro_batch_size``): the setting, else
     sglang's default, the running cap over the pipeline stages (``Scheduler.__init__``)."""
-    given = header.settings.get("pp_max_micro_batch_size")
-    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
-        return given
-    return max(max_running(header) // max(header.pp_size, 1), 1)
+    given = _positive_setting(header, "pp_max_micro_batch_size")
+    return given if given is not None else max(max_running(header) // max(header.pp_size, 1), 1)
+
+
+def micro_batches(header: Header) -> int:
+    """The running batches the scheduler takes in turn: ``pp_size + pp_async_batch_depth`` in the
+    pipeline loop (``init_pp_loop_state``), 1 without it."""
+    if header.pp_size <= 1:
+        return 1
+    return header.pp_size + (_positive_setting(header, "pp_async_batch_depth") or 0)
+
+
+def _positive_setting(header: Header, name: str) -> int | None:
+    """A recorded count setting; None when unset or not a positive int."""
+    value = header.settings.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def kv_tokens(header: Header) -> int | None:
