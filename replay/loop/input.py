@@ -194,6 +194,8 @@ class LoopInput:
     overlap: bool = False  # the recorded server's overlap scheduler (its header's, else TraceScan.overlap)
     # Every arrival record: what the driver's ArrivalBook keeps of each (prefix ids, hrrn's stamp).
     arrival_records: list[Arrival] = field(default_factory=list)
+    # The requests that ran and finished before the start, in arrival order: their prompts were cached.
+    ran_before: list[Arrival] = field(default_factory=list)
     # How a loop's queue breaks ties the recording cannot order for it: dfs-weight's branch ages, or
     # routing-key's key text. Arms share it.
     tie_order: BlockAges | KeyTextOrder | None = field(default=None, compare=False, repr=False)
@@ -269,6 +271,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     for req in initial.requests():
         req.prefix_ids = ids.get(req.rid, b"")
         req.ends_by_abort = req.rid in scan.aborted_running
+    ran_before = [a for a in scan.arrivals if a.rid not in known and a.t_ns <= start.t_ns and scan.targets.get(a.rid, 0)]
     future: list[tuple[int, LoopReq]] = []
     for event in scan.arrivals:
         if event.rid in known or event.t_ns <= start.t_ns:
@@ -295,6 +298,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         matches=matches,
         overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
         arrival_records=scan.arrivals,
+        ran_before=ran_before,
         tie_order=BlockAges.for_loop(header, scan.arrivals) or scan.key_text,
         draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],

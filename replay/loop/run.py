@@ -31,6 +31,7 @@ from typing import Final
 
 import msgspec
 
+from schedtrace.replay.loop.arm_tree import ArmTree
 from schedtrace.replay.loop.feed import ArrivalFeed
 from schedtrace.replay.loop.micro_batches import rotate
 from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
@@ -98,11 +99,14 @@ def run_arm(
     # Ties only the server's tree or text could break: dfs-weight's branch order
     # (schedtrace.replay.loop.tree_order), routing-key's key text (schedtrace.replay.routing_keys)
     tie_order = loop.tie_order.for_arm(state) if loop.tie_order is not None else None
+    tree = ArmTree.for_arm(loop, state)  # the prefix matches of this arm's own tree (None: the recording's)
     step = idle = 0  # idle: passes with nothing to admit since the last pass record
     turns = len(state.parked) + 1  # micro-batches: a state recurs after a round of them
     entries: deque[tuple] = deque(maxlen=turns)  # the last round's entry signatures
     while step < limit:
         feed.feed(state, step)
+        if tree is not None:
+            tree.match(state, step)
         while feed.left:  # aborted or rejected while waiting: it ends here, unrun
             run.finished_at.setdefault(feed.left.pop(), step)
         if feed.chunk_aborted is not None:
@@ -160,6 +164,8 @@ def run_arm(
         rotate(state)
         if tie_order is not None:
             tie_order.landed(state)
+        if tree is not None:
+            tree.landed(state, result.finished)
         if recorded:
             # A pass that failed admitted nothing, whatever the adder had picked.
             effective.append(
