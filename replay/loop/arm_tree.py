@@ -180,7 +180,7 @@ class ArmTree:
                 continue
             if req is chunked:
                 self._insert(req, self._blocks(req, max(req.tree_len, req.prefix_len)))
-            elif req.output_len > 0:  # its prefill's result was processed: the prompt is in
+            elif req.output_len > req.inflight:  # its prefill's result was processed: the prompt is in
                 self._insert(req, self._blocks(req, req.input_len))
             else:  # under overlap, not yet: it lands with the first step's results
                 self._pending[req.rid] = self._blocks(req, req.input_len)

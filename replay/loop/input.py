@@ -17,7 +17,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+from schedtrace.replay.loop.arm_tree import MatchHistory
 from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
+from schedtrace.replay.loop.in_flight import mark_in_flight
 from schedtrace.replay.loop.micro_batches import MicroBatch
 from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
@@ -25,6 +27,7 @@ from schedtrace.replay.loop.retraction import RetractionOrder
 from schedtrace.replay.loop.chunk_sizer import ChunkSizes
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_order import BlockAges
+from schedtrace.replay.loop.tree_share import settle_start
 from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
 from schedtrace.replay.loop.clock import PassClock
 from schedtrace.tracer.analysis import capacity
@@ -266,10 +269,21 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     targets = {rid: n for rid, n in scan.targets.items() if rid not in scan.requeued_then_left}
     initial = initial_state(start, targets, pools, page_size=max(1, header.server_args.page_size))
     initial.parked = _parked(reader, scan, from_pass, start_iteration, initial, targets, pools)
+    overlap = scan.overlap if header.overlap_schedule is None else header.overlap_schedule  # recorded, else inferred
+    if overlap and from_pass > 0:
+        at, previous = scan.position(from_pass), None
+        if at > 0 and scan.numbers[at - 1] == from_pass - 1:  # the record before, if it is the pass before
+            previous = reader.pass_at(from_pass - 1)
+            if scan.iteration_of(from_pass - 1) + max(previous.repeat, 1) != start_iteration:
+                previous = None  # the scheduler idled in between
+        mark_in_flight(initial, previous, mixed_chunk=header.server_args.enable_mixed_chunk)
     known = {r.rid for r in initial.requests()}
-    ids = {a.rid: a.prefix_ids for a in scan.arrivals if a.prefix_ids and a.rid in known}
+    arrived = {a.rid: a for a in scan.arrivals if a.rid in known}
     for req in initial.requests():
-        req.prefix_ids = ids.get(req.rid, b"")
+        arrival = arrived.get(req.rid)
+        req.prefix_ids = arrival.prefix_ids if arrival is not None else b""
+        if req.priority is None and arrival is not None:  # a running row has none: its arrival's
+            req.priority = arrival.priority
         req.ends_by_abort = req.rid in scan.aborted_running
     ran_before = [a for a in scan.arrivals if a.rid not in known and a.t_ns <= start.t_ns and scan.targets.get(a.rid, 0)]
     future: list[tuple[int, LoopReq]] = []
@@ -286,6 +300,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         for rid, changes in scan.matches.items() if rid in known
         for pass_no, prefix, locked in changes
     )
+    if from_pass > 0 and not header.server_args.disable_radix_cache and not header.is_hybrid_swa:
+        settle_start(initial, max(1, header.server_args.page_size), header.prefix_block, MatchHistory(matches))
     return LoopInput(
         header=header,
         from_pass=from_pass,
@@ -296,7 +312,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         start_iteration=start_iteration,
         recorded_passes=count,
         matches=matches,
-        overlap=scan.overlap if header.overlap_schedule is None else header.overlap_schedule,  # recorded, else inferred
+        overlap=overlap,
         arrival_records=scan.arrivals,
         ran_before=ran_before,
         tie_order=BlockAges.for_loop(header, scan.arrivals) or scan.key_text,
@@ -406,22 +422,6 @@ def _parked(reader: TraceReader, scan: TraceScan, from_pass: int, start_iteratio
             known.update(r.rid for r in batch.running)
         parked.append(batch)
     return parked
-
-
-def default_max_passes(loop: LoopInput, stall_passes: int) -> int:
-    """A bound no healthy arm reaches: the arrivals' span plus every request's
-    remaining work done one step at a time."""
-    reqs = [*loop.initial.waiting, *loop.initial.running, *(r for _, r in loop.arrivals)]
-    if loop.initial.chunked is not None:
-        reqs.append(loop.initial.chunked)
-    chunk = loop.start.chunked_prefill_size or loop.header.server_args.chunked_prefill_size or 0
-    work = 0
-    for r in reqs:
-        work += max(r.target_output - r.output_len, 0) + 1
-        if chunk > 0:
-            work += -(-r.fill_len // chunk)
-    last_arrival = loop.arrivals[-1][0] if loop.arrivals else 0
-    return last_arrival + work + 4 * stall_passes + 64
 
 
 def _note_matches(matches: dict[str, list[tuple[int, int, int | None]]], index: int, p) -> None:

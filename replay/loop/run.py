@@ -35,7 +35,7 @@ from schedtrace.replay.loop.arm_tree import ArmTree
 from schedtrace.replay.loop.feed import ArrivalFeed
 from schedtrace.replay.loop.micro_batches import rotate
 from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
-    LoopInput, TraceScan, default_max_passes, initial_state, load_input, scan_trace,
+    LoopInput, TraceScan, initial_state, load_input, scan_trace,
 )
 from schedtrace.replay.loop.state import LoopState, abort_chunked, apply_decision, to_pass, with_outputs
 from schedtrace.replay.loop.clock import PassClock
@@ -56,6 +56,22 @@ MAX_ERRORS_LISTED: Final = 20  # per arm; ``exceptions`` still counts them all
 
 
 # --------------------------------------------------------------- one arm
+
+
+def default_max_passes(loop: LoopInput, stall_passes: int) -> int:
+    """A bound no healthy arm reaches: the arrivals' span plus every request's
+    remaining work done one step at a time."""
+    reqs = [*loop.initial.waiting, *loop.initial.running, *(r for _, r in loop.arrivals)]
+    if loop.initial.chunked is not None:
+        reqs.append(loop.initial.chunked)
+    chunk = loop.start.chunked_prefill_size or loop.header.server_args.chunked_prefill_size or 0
+    work = 0
+    for r in reqs:
+        work += max(r.target_output - r.output_len, 0) + 1
+        if chunk > 0:
+            work += -(-r.fill_len // chunk)
+    last_arrival = loop.arrivals[-1][0] if loop.arrivals else 0
+    return last_arrival + work + 4 * stall_passes + 64
 
 
 @dataclass

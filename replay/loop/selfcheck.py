@@ -125,7 +125,9 @@ def self_check(
 ) -> SelfCheck:
     """``arm``'s closed loop from ``loop`` against the recording ``scan`` read."""
     recorded = recorded_waits(loop, scan)
-    looped = outcome.first_admission_passes
+    # A request first admitted before the start waits there requeued: its next admission is no first.
+    looped = {rid: wait for rid, wait in outcome.first_admission_passes.items()
+              if scan.admitted_at.get(rid, loop.from_pass) >= loop.from_pass}
     both = sorted(set(recorded) & set(looped))
     rec_waits = [recorded[rid] for rid in both]
     typical = max(int(quantile(rec_waits, 0.5)), 1) if rec_waits else 1
