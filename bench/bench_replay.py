@@ -47,7 +47,7 @@ def _bare_seconds(driver, passes, arm: str = "stock") -> float:
     Per arm: a fix changes how far sglang's own pass runs (stock returns early on a latched
     batch, the latch fix goes on to calc_priority), so each arm's floor is its own code."""
     from schedtrace.arms.variants import applied
-    from schedtrace.replay.driver import _AdmissionDone, _stop_init_new
+    from schedtrace.replay.pass_standins import AdmissionDone, stop_init_new
 
     sched = driver.scheduler
     ScheduleBatch = driver._ScheduleBatch
@@ -60,7 +60,7 @@ def _bare_seconds(driver, passes, arm: str = "stock") -> float:
         # The recorded mamba chunk grid and exact-fill gate, as decide() installs them.
         for name, lookup in recorded.items():
             setattr(policy, name, lookup)
-        ScheduleBatch.init_new = classmethod(_stop_init_new)
+        ScheduleBatch.init_new = classmethod(stop_init_new)
         try:
             for p in _noted(driver, passes):
                 waiting, batch, chunked = driver._load(p)
@@ -70,7 +70,7 @@ def _bare_seconds(driver, passes, arm: str = "stock") -> float:
                 start = time.perf_counter()
                 try:
                     sched._get_new_batch_prefill_raw(None, batch)
-                except _AdmissionDone:
+                except AdmissionDone:
                     pass
                 except Exception:
                     pass

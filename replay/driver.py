@@ -57,7 +57,7 @@ from schedtrace.replay.state import (
 )
 from schedtrace.replay.loop.draws import RANDOM
 from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
-from schedtrace.replay.pass_standins import AiterBatch, Ratio, keep_rows
+from schedtrace.replay.pass_standins import AdmissionDone, AiterBatch, Ratio, keep_rows, stop_init_new
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
 from schedtrace.replay.routing_keys import ROUTING_KEY, keys_renamed, recorded_names
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
@@ -69,17 +69,6 @@ from schedtrace.tracer.contract.order import OrderError, order_indexes, order_ru
 from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass, Retract
 
 _LOCK = threading.RLock()
-
-
-class _AdmissionDone(Exception):
-    """Raised in place of building the batch: admission is over."""
-
-    def __init__(self, reqs: list) -> None:
-        self.reqs = reqs
-
-
-def _stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
-    raise _AdmissionDone(list(reqs))
 
 
 # Scheduler attributes the pass reads for features a replayed pass never has on.
@@ -161,7 +150,7 @@ class PassDriver:
         self._grid_lookup = lambda: grid
         exact = header.exact_chunk_fill
         self._exact_fill_lookup = lambda: exact
-        self._stop_init_new = classmethod(_stop_init_new)
+        self._stop_init_new = classmethod(stop_init_new)
         self.book = ArrivalBook(header.prefix_block)  # each live request's prefix ids (note)
         self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
         self._sort_randomly = staticmethod(self._recorded_shuffle)
@@ -182,6 +171,15 @@ class PassDriver:
                 self.requeue_released(record, [r.rid for r in record.released])
         else:
             self.book.forget(record.rid)
+
+    def start_over(self, history: list[Arrival | Retract]) -> None:
+        """Forget what the requests went through and note ``history`` instead: each closed-loop
+        arm starts from the recorded start, not from where the arm before it left its requests
+        (under priority preemption their queue entry times rank the victims)."""
+        self.book.live.clear()
+        self._reqs.reset()
+        for record in history:
+            self.note(record)
 
     def requeue_released(self, p: Pass, rids: list[str]) -> None:
         """Requests ``p``'s preemption released re-enter the queue at the end of ``p``."""
@@ -366,7 +364,7 @@ class PassDriver:
             try:
                 s._get_new_batch_prefill_raw(None, batch)
                 admitted_reqs = []  # returned before building a batch: nothing admitted
-            except _AdmissionDone as done:
+            except AdmissionDone as done:
                 admitted_reqs = done.reqs
             except Exception as exc:  # the real code raised: that is the arm's outcome
                 error = error_text(exc)

@@ -33,3 +33,15 @@ class AiterBatch:
 
     def get_max_chunk_capacity(self) -> int:
         return self._capacity
+
+
+class AdmissionDone(Exception):
+    """Raised in place of building the batch: admission is over."""
+
+    def __init__(self, reqs: list) -> None:
+        self.reqs = reqs
+
+
+def stop_init_new(cls, reqs, *args: Any, **kwargs: Any):
+    """``ScheduleBatch.init_new`` for a replayed pass: it ends admission with the requests admitted."""
+    raise AdmissionDone(list(reqs))

@@ -1,6 +1,7 @@
-"""A closed loop started mid-trace: what the last forward has in flight under the overlap
-scheduler (replay/loop/in_flight.py), and a shared prompt the server holds once
-(replay/loop/tree_share.settle_start)."""
+"""A closed loop's start: mid-trace, what the last forward has in flight under the overlap
+scheduler (replay/loop/in_flight.py), a shared prompt the server holds once
+(replay/loop/tree_share.settle_start) and the requeues before it; for every arm, the
+requests' history as recorded (PassDriver.start_over)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from schedtrace.replay.loop.arm_tree import MatchHistory
 from schedtrace.replay.loop.in_flight import last_forward, mark_in_flight
-from schedtrace.replay.loop.run import run_closed_loop
+from schedtrace.replay.loop.run import run_arms, run_closed_loop
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_share import settle_start
 from schedtrace.testing.builders import pass_record
@@ -70,6 +71,7 @@ def test_two_running_prompts_of_one_family_hold_their_shared_pages_once() -> Non
     # Each pass raised before a running row took its arrival's priority; without the outputs in flight
     # 3.3% p90
     (PRIORITY_PREEMPT, 79),
+    (PRIORITY_PREEMPT, 31),  # without the queue entry times of the requeues before the start: 6.7% p90
     (DFS_WEIGHT, 211),  # 9.5% p90
     (DFS_WEIGHT, 40),  # without the shared prompts held once as well: 48% / 93%
 ])
@@ -80,3 +82,12 @@ def test_a_closed_loop_from_mid_trace_reproduces_the_recording(trace: Path, from
     assert check.loop_queue_peak == check.recorded_queue_peak, check
     assert check.requests >= 10 and (check.recorded_only, check.loop_only) == (0, 0), check
     assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
+
+
+def test_an_arms_closed_loop_does_not_depend_on_the_arms_before_it() -> None:
+    """Arms share one driver; under priority preemption the queue entry times a stock run
+    stamped on its requeues once ranked the fixed arm's victims (its waits then differed)."""
+    alone = run_arms(PRIORITY_PREEMPT, ["fixed"])["fixed"].outcome
+    after_stock = run_arms(PRIORITY_PREEMPT, ["stock", "fixed"])["fixed"].outcome
+    assert alone.retractions + sum(1 for _ in alone.first_admission_passes) > 0
+    assert after_stock == alone

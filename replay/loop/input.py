@@ -35,7 +35,9 @@ from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import FINISH_REJECTED, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL
-from schedtrace.tracer.contract.schema import Arrival, ChunkedReq, Finish, Header, Idle, Pass, RunningReq, WaitingReq
+from schedtrace.tracer.contract.schema import (
+    Arrival, ChunkedReq, Finish, Header, Idle, Pass, Retract, RunningReq, WaitingReq,
+)
 
 
 # Finish reasons of a request that may leave the queue without running (an abort, a rejection).
@@ -53,6 +55,7 @@ class TraceScan:
     # rid -> each change of its recorded match: (trace pass number, prefix match, what locking
     # it took from the evictable count, None where no candidate row says)
     matches: dict[str, list[tuple[int, int, int | None]]] = field(default_factory=dict)
+    requeues: list[Retract] = field(default_factory=list)  # retractions, and preemption releases as such
     # The recording's own outcome (the self-check's reference):
     admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> trace pass number first admitting it
     finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
@@ -101,6 +104,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     by_idle_records: list[tuple[int, int]] = []
     by_idle_before: list[tuple[int, int]] = []
     arrivals: list[Arrival] = []
+    requeues: list[Retract] = []
     targets: dict[str, int] = {}
     matches: dict[str, tuple[int, int, int | None]] = {}
     admitted_at: dict[str, int] = {}
@@ -147,6 +151,10 @@ def scan_trace(reader: TraceReader) -> TraceScan:
             _note_matches(matches, index, record)
             for admitted in record.admitted:
                 admitted_at.setdefault(admitted.rid, index)
+            for released in record.released or ():  # back in the queue at the pass's end
+                requeues.append(Retract(t_ns=record.t_ns + record.dur_ns, rid=released.rid, output_len=0))
+        elif isinstance(record, Retract):
+            requeues.append(record)
         elif isinstance(record, Idle):
             seen_idle_record = True
             it_records += max(record.count, 0)
@@ -165,7 +173,7 @@ def scan_trace(reader: TraceReader) -> TraceScan:
     left_waiting = {rid for rid in ended_early if rid in waited and waited[rid][0] > ran.get(rid, -1)}
     ran_first = {rid for rid in ended_early if rid in ran}
     return TraceScan(
-        points=points, arrivals=arrivals, targets=targets, clock=PassClock(points), matches=matches,
+        points=points, arrivals=arrivals, requeues=requeues, targets=targets, clock=PassClock(points), matches=matches,
         admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
         overlap=overlap, key_text=key_text,
         waited_until={rid: points[waited[rid][0]][0] + waited[rid][1] for rid in left_waiting},
@@ -199,6 +207,7 @@ class LoopInput:
     arrival_records: list[Arrival] = field(default_factory=list)
     # The requests that ran and finished before the start, in arrival order: their prompts were cached.
     ran_before: list[Arrival] = field(default_factory=list)
+    requeued_before: list[Retract] = field(default_factory=list)  # the requeues before the start, by time
     # How a loop's queue breaks ties the recording cannot order for it: dfs-weight's branch ages, or
     # routing-key's key text. Arms share it.
     tie_order: BlockAges | KeyTextOrder | None = field(default=None, compare=False, repr=False)
@@ -315,6 +324,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         overlap=overlap,
         arrival_records=scan.arrivals,
         ran_before=ran_before,
+        requeued_before=[r for r in scan.requeues if r.t_ns <= start.t_ns],
         tie_order=BlockAges.for_loop(header, scan.arrivals) or scan.key_text,
         draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],

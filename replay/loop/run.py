@@ -100,6 +100,8 @@ def run_arm(
     """Evolve ``loop.initial`` under ``arm``'s own decisions until done or ``max_passes``."""
     limit = default_max_passes(loop, stall_passes) if max_passes is None else max_passes
     run = ArmRun(arm)
+    # Each request's prefix ids, arrival stamp and queue entry time, as of the recorded start
+    driver.start_over([*loop.arrival_records, *loop.requeued_before])
     state = loop.initial.copy()
     feed = ArrivalFeed(loop)
     first_admitted: dict[str, int] = {}
@@ -326,8 +328,6 @@ def run_arms(
     if loop is None:
         loop = _with_reader(path_or_reader, lambda reader: load_input(reader, from_pass))
     driver = driver if driver is not None else PassDriver(loop.header)
-    for arrival in loop.arrival_records:  # each request's prefix ids and arrival stamp, kept by rid
-        driver.note(arrival)
     return {arm: run_arm(loop, driver, arm, stall_passes=n, max_passes=max_passes) for arm in dict.fromkeys(arms)}
 
 
