@@ -46,6 +46,7 @@ from functools import partial
 from typing import Any
 
 from schedtrace.tracer.contract.report import Decision
+from schedtrace.arms.fixes import FIX_NAMES
 from schedtrace.replay.arm_switch import fixes_of, restore_fixes, switch_fixes
 from schedtrace.replay.hybrid import MAMBA, SWA, pool_family
 from schedtrace.replay.state import (
@@ -57,7 +58,8 @@ from schedtrace.replay.state import (
 )
 from schedtrace.replay.loop.draws import RANDOM
 from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
-from schedtrace.replay.pass_standins import AdmissionDone, AiterBatch, Ratio, keep_rows, stop_init_new
+from schedtrace.replay.aiter_dispatch import aiter_method
+from schedtrace.replay.pass_standins import AdmissionDone, Ratio, keep_rows, stop_init_new
 from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
 from schedtrace.replay.routing_keys import ROUTING_KEY, keys_renamed, recorded_names
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
@@ -69,6 +71,12 @@ from schedtrace.tracer.contract.order import OrderError, order_indexes, order_ru
 from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Header, Pass, Retract
 
 _LOCK = threading.RLock()
+BUILT_IN = frozenset(FIX_NAMES)
+
+
+def reads_queue_early(fixes: frozenset[str]) -> bool:
+    """Whether an arm's code may read the waiting queue before calc_priority: a user's may."""
+    return not fixes <= BUILT_IN
 
 
 # Scheduler attributes the pass reads for features a replayed pass never has on.
@@ -155,6 +163,8 @@ class PassDriver:
         self._reqs = ReqCache(self.book)  # Reqs reused across passes (schedtrace.replay.requests)
         self._sort_randomly = staticmethod(self._recorded_shuffle)
         self._releases = NO_RELEASES  # this pass's (_load); none without priority preemption
+        self._unbuilt: Pass | None = None  # decide's pass, until _calc_priority takes its waiting Reqs
+        self._built: list | None = None  # those Reqs, in the pass's order
 
     def note(self, record: Arrival | Finish | Retract | Pass) -> None:
         """What a queued request carries between passes, from arrival to finish: prefix ids, priority, queue
@@ -206,6 +216,9 @@ class PassDriver:
         return True
 
     def _calc_priority(self, waiting_queue: list, running_batch: Any = None, *args: Any, **kwargs: Any) -> None:
+        if self._unbuilt is not None:  # the pass reads its waiting requests from here on
+            waiting_queue[:] = self._built = self._reqs.waiting_reqs(self._unbuilt)
+            self._unbuilt = None
         entry = list(waiting_queue)
         reqs, names = [], {}
         if self._routing:  # ties break by the keys' text, which only the recorded order shows
@@ -288,12 +301,15 @@ class PassDriver:
         budget.available_chunk_tokens = available_chunk_tokens
         return adder
 
-    def _load(self, p: Pass, *, reuse: bool = False, frees: dict[str, int] | None = None) -> tuple[list, Any, Any]:
-        """Real sglang state for ``p``. ``reuse``: take Reqs from the caches
-        (then the caller must ``release`` what the pass admitted)."""
+    def _load(self, p: Pass, *, reuse: bool = False, frees: dict[str, int] | None = None,
+              waiting_now: bool = True) -> tuple[list | None, Any, Any]:
+        """Real sglang state for ``p``. ``reuse``: take Reqs from the caches (then the caller must
+        ``release`` what the pass admitted); without ``waiting_now`` the waiting ones are left for
+        ``_calc_priority`` to take (None): a pass that returns before it never reads them."""
         ScheduleBatch = self._ScheduleBatch
         if reuse:
-            waiting, running = self._reqs.reqs(p)
+            running = self._reqs.running_reqs(p)
+            waiting = self._reqs.waiting_reqs(p) if waiting_now else None
             tokens = self._reqs.tokens
         else:
             tokens = TokenSource(book=self.book)
@@ -330,9 +346,11 @@ class PassDriver:
         each running request frees if preemption releases it (a closed loop's; None: the recorded counts)."""
         fixes = fixes_of(variant)
         with _LOCK:
-            waiting, batch, chunked = self._load(p, reuse=True, frees=frees)
+            # sglang reads only the queue's length before calc_priority
+            waiting, batch, chunked = self._load(p, reuse=True, frees=frees, waiting_now=reads_queue_early(fixes))
             s = self.scheduler
-            s.waiting_queue = waiting
+            s.waiting_queue = [None] * len(p.waiting) if waiting is None else list(waiting)
+            self._unbuilt, self._built = (p if waiting is None else None), waiting
             s.chunked_req = chunked
             s.chunked_prefill_size = p.chunked_prefill_size
             s.processed_tokens_counter = p.processed_tokens or 0
@@ -378,7 +396,7 @@ class PassDriver:
                 swap_constants(saved_constants)
                 self._config.swap_out(saved_config)
             decision = self._decision(batch, chunked, admitted_reqs, error)
-            self._reqs.release(p, waiting, admitted_reqs if error is None else None)
+            self._reqs.release(p, self._built, admitted_reqs if error is None else None)
             return decision
 
     def _decision(self, batch, chunked, admitted_reqs, error) -> Decision:
@@ -423,25 +441,4 @@ class PassDriver:
 
     def decide_aiter(self, event: Aiter, variant: str) -> str:
         """The ``AttnForwardMethod`` name ``handle_attention_aiter`` picks for ``event``."""
-        from schedtrace.arms.variants import applied  # imported on first use, as sglang is
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import context as bcg
-        from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
-            context_manager as pcg,
-        )
-        from sglang.srt.models.deepseek_common import attention_backend_handler as handler
-
-        try:
-            mode = ForwardMode[event.forward_mode]
-        except KeyError:
-            raise ReplayStateError(f"aiter event: unknown forward mode {event.forward_mode!r}") from None
-        batch = AiterBatch(mode, event.seq_lens_sum, event.max_chunk_capacity)
-        with _LOCK, self._config.installed(), applied(variant):
-            saved = (pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph)
-            pcg._in_tc_piecewise_cuda_graph = event.in_piecewise_graph
-            bcg._in_breakable_cuda_graph = event.in_breakable_graph
-            try:
-                method = handler.handle_attention_aiter(None, batch)
-            finally:
-                pcg._in_tc_piecewise_cuda_graph, bcg._in_breakable_cuda_graph = saved
-        return method.name
+        return aiter_method(event, variant, self._config, _LOCK)

@@ -224,14 +224,15 @@ class ReqCache:
         self._running: dict[tuple, Req] = {}
         self._waiting: dict[tuple, Req] = {}
 
-    def reqs(self, p: Pass) -> tuple[list[Req], list[Req]]:
-        """(waiting, running) Reqs of ``p``; call ``release`` after the pass."""
+    def running_reqs(self, p: Pass) -> list[Req]:
+        """The running Reqs of ``p``; take its waiting ones next (``waiting_reqs``), if at all."""
         if len(self._waiting) + len(self._running) > self.LIMIT:
             self.reset()
-        return (
-            [self._waiting_req(w, n) for n, w in enumerate(p.waiting)],
-            [self._running_req(r) for r in p.running],
-        )
+        return [self._running_req(r) for r in p.running]
+
+    def waiting_reqs(self, p: Pass) -> list[Req]:
+        """The waiting Reqs of ``p``, in its order; call ``release`` after the pass."""
+        return [self._waiting_req(w, n) for n, w in enumerate(p.waiting)]
 
     def _running_req(self, r: RunningReq) -> Req:
         key = (r.rid, r.input_len, r.max_new_tokens, r.ignore_eos)
@@ -261,9 +262,10 @@ class ReqCache:
         for key in [k for k in self._running if k[0] == rid]:
             del self._running[key]
 
-    def release(self, p: Pass, waiting: list[Req], admitted_reqs: list[Any] | None) -> None:
-        """Drop every Req this pass changed beyond re-derivable state (None: the pass raised)."""
-        if admitted_reqs is not None and not admitted_reqs:
+    def release(self, p: Pass, waiting: list[Req] | None, admitted_reqs: list[Any] | None) -> None:
+        """Drop every Req this pass changed beyond re-derivable state (``waiting``: the pass's
+        waiting Reqs in its order, None if it never took them; ``admitted_reqs`` None: it raised)."""
+        if waiting is None or (admitted_reqs is not None and not admitted_reqs):
             return
         changed = None if admitted_reqs is None else {id(r) for r in admitted_reqs}
         for w, req in zip(p.waiting, waiting):
