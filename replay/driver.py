@@ -327,16 +327,7 @@ class PassDriver:
         kv = p.kv
         self.req_slots.load(p.req_slots_free, kv)
         self.allocator.load(kv)
-        self.tree_cache.load(
-            kv.evictable,
-            {w.rid: w.prefix_len for w in p.waiting},
-            {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None},
-            swa_evictable=kv.swa_evictable or 0,
-            mamba_evictable=kv.mamba_evictable or 0,
-            swa_locked_by_rid={
-                c.rid: c.locked_swa_evictable for c in p.candidates if c.locked_swa_evictable is not None
-            },
-        )
+        self.tree_cache.load_pass(p)
         return waiting, batch, chunked
 
     # --------------------------------------------------------------- decide

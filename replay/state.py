@@ -57,7 +57,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
 from schedtrace.tracer.contract.errors import ReplayStateError
 from schedtrace.tracer.contract.order import OrderError, order_indexes
-from schedtrace.tracer.contract.schema import KvSnapshot, PoolLayout
+from schedtrace.tracer.contract.schema import KvSnapshot, Pass, PoolLayout
 
 
 class _NeverAllocates:
@@ -185,6 +185,7 @@ class RecordedTreeCache(BasePrefixCache):
         self.locked_by_rid: dict[str, int] = {}
         self.swa_locked_by_rid: dict[str, int] = {}
         self.nodes: dict[str, PrefixNode] = {}
+        self._rows: Pass | None = None  # load_pass's pass, until its maps are built
         self.recorded_order: list[int] | None = None  # the pass's Pass.order (dfs-weight's tie-break)
 
     def load(
@@ -206,10 +207,27 @@ class RecordedTreeCache(BasePrefixCache):
         self.locked_by_rid = locked_by_rid or {}
         self.swa_locked_by_rid = swa_locked_by_rid or {}
         self.nodes = {}
+        self._rows = None
+
+    def load_pass(self, p: Pass) -> None:
+        """``load`` from a pass's rows; the per-rid maps are built at the first match, which most
+        passes (a latched or full batch) never make."""
+        kv = p.kv
+        self.load(kv.evictable, {}, swa_evictable=kv.swa_evictable or 0, mamba_evictable=kv.mamba_evictable or 0)
+        self._rows = p
+
+    def _build_maps(self) -> None:
+        p, self._rows = self._rows, None
+        self.prefix_by_rid = {w.rid: w.prefix_len for w in p.waiting}
+        self.locked_by_rid = {c.rid: c.locked_evictable for c in p.candidates if c.locked_evictable is not None}
+        self.swa_locked_by_rid = {
+            c.rid: c.locked_swa_evictable for c in p.candidates if c.locked_swa_evictable is not None}
 
     # --- what the scheduler asks ---
 
     def match_prefix(self, params) -> MatchResult:
+        if self._rows is not None:
+            self._build_maps()
         req = params.req
         rid = req.rid if req is not None else None
         prefix = 0 if self.disable else self.prefix_by_rid.get(rid, 0)

@@ -358,15 +358,21 @@ def test_lock_probe_keeps_only_the_unpinned_part_of_a_real_radix_tree() -> None:
 
 
 @pytest.mark.parametrize(("recorded", "measured"), [(500, 500), (None, 700)])
-def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measured) -> None:
+def test_add_one_req_hook_records_the_lock_drop(tmp_path: Path, recorded, measured,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the real pass and PrefillAdder (on replay's tree-cache stand-in,
     which applies a recorded drop or else pins the whole match): the hook
     records what the first lock on each candidate took from the evictable
     count, through the pass that replay stops right after admission (it raises)."""
     from test_replay import SHARED_PREFIX, pinned_prefix_trace
 
+    from schedtrace.replay import driver as driver_module
     from schedtrace.replay.driver import PassDriver
     from schedtrace.tracer.recorder.targets import ADD_ONE_REQ_TARGET, PASS_TARGET
+
+    # The recorder's pass hook reads the waiting queue at pass entry, before calc_priority, where
+    # the driver leaves it unbuilt for its own arms: build it first, as for a user's arm.
+    monkeypatch.setattr(driver_module, "reads_queue_early", lambda fixes: True)
     from schedtrace.tracer.recorder.lock_probe import LOCK_TARGETS
     from schedtrace.testing.rig import HookPoints
 

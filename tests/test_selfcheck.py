@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from schedtrace.replay.loop.run import run_closed_loop
@@ -165,4 +166,7 @@ def test_the_summary_lines_fit_80_columns_and_carry_the_figures(tmp_path):
     text = "\n".join(lines)
     assert "p50 0.0%, p90 100.0% over 3 requests" in text
     assert "queue peak 2 recorded, 1 loop" in text and "66.7% of pairs agree" in text
-    assert "p90 100.0%" in self_check_summary(check)
+    assert "p90 100.0% over 3 requests;" in self_check_summary(check)
+    # The error covers only requests admitted on both sides: the one line says how many were not.
+    one_sided = msgspec.structs.replace(check, recorded_only=23, loop_only=1)
+    assert "over 3 requests (23 admitted only in the recording, 1 only in the loop);" in self_check_summary(one_sided)

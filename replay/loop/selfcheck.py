@@ -179,9 +179,14 @@ def self_check_lines(check: SelfCheck) -> list[str]:
 
 
 def self_check_summary(check: SelfCheck) -> str:
-    """One line: the figures a what-if should be read against."""
+    """One line: the figures a what-if should be read against. Requests admitted on one side only
+    are named, since the wait error covers only those admitted on both."""
+    one_sided = check.recorded_only + check.loop_only
     return (
         f"self-check ({check.arm}, recorded config): wait error p50 {_percent(check.wait_error_p50)}, "
-        f"p90 {_percent(check.wait_error_p90)}; queue peak {check.recorded_queue_peak} recorded, "
+        f"p90 {_percent(check.wait_error_p90)} over {check.requests} requests"
+        + (f" ({check.recorded_only} admitted only in the recording, {check.loop_only} only in the loop)"
+           if one_sided else "")
+        + f"; queue peak {check.recorded_queue_peak} recorded, "
         f"{check.loop_queue_peak} loop; completion order {_percent(check.order_agreement)} of pairs"
     )
