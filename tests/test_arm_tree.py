@@ -131,3 +131,12 @@ def test_a_counterfactual_arm_admits_with_the_hits_its_own_tree_holds() -> None:
             checked += 1
             hits += shared > 0
     assert checked >= 20 and hits >= 5, (checked, hits)
+
+
+def test_the_report_says_where_the_cache_hits_came_from() -> None:
+    from schedtrace.replay.loop.run import run_closed_loop
+
+    samples = Path(__file__).parent.parent / "traces"
+    assert run_closed_loop(DFS_WEIGHT, ["stock"]).prefix_matches == "arm-tree"
+    assert run_closed_loop(samples / "hybrid-swa-gptoss.trace", ["stock"]).prefix_matches == "recorded"
+    assert run_closed_loop(samples / "kv-pressure-fcfs.trace", ["stock"]).prefix_matches == "recorded"  # no ids

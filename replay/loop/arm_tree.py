@@ -78,16 +78,20 @@ class MatchHistory:
 class ArmTree:
     """One arm's radix tree of prefix ids (see the module docstring)."""
 
+    @staticmethod
+    def applies(loop: LoopInput) -> bool:
+        """Whether ``loop``'s arms keep their own trees: prefix ids and a full-pool radix cache."""
+        header = loop.header
+        return (header.prefix_block > 0 and loop.radix_cache and not header.is_hybrid_swa
+                and not header.is_hybrid_mamba and any(a.prefix_ids for a in loop.arrival_records))
+
     @classmethod
     def for_arm(cls, loop: LoopInput, state: LoopState) -> ArmTree | None:
         """The tree for one arm's loop from ``state``; None unless the trace has prefix ids and a
         full-pool radix cache (a hybrid tree's matches stay the recording's)."""
-        header = loop.header
-        block = header.prefix_block
-        if block <= 0 or not loop.radix_cache or header.is_hybrid_swa or header.is_hybrid_mamba or not any(
-                a.prefix_ids for a in loop.arrival_records):
+        if not cls.applies(loop):
             return None
-        tree = cls(block, loop.page_size, MatchHistory(loop.matches))
+        tree = cls(loop.header.prefix_block, loop.page_size, MatchHistory(loop.matches))
         tree.start(state, loop.ran_before)
         return tree
 

@@ -45,6 +45,7 @@ from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, STOCK
 from schedtrace.tracer.contract.report import ArmError, ArmOutcome, ClosedLoop, Decision, Stall
+from schedtrace.tracer.contract.report.run import PREFIX_MATCHES_RECORDED, PREFIX_MATCHES_TREE
 from schedtrace.tracer.contract.schema import Pass, Retract
 
 __all__ = [
@@ -297,6 +298,7 @@ def closed_loop_report(loop: LoopInput, scan: TraceScan, runs: dict[str, ArmRun]
         passes=max((r.outcome.passes for r in runs.values()), default=0),
         arms={arm: run.outcome for arm, run in runs.items()},
         self_check=self_check(loop, scan, stock.outcome, stock.finished_at) if stock is not None else None,
+        prefix_matches=PREFIX_MATCHES_TREE if ArmTree.applies(loop) else PREFIX_MATCHES_RECORDED,
     )
 
 

@@ -18,6 +18,7 @@ from schedtrace.cli.progress import Activity
 from schedtrace.cli.style import compact_table, plural
 from schedtrace.tracer.contract.names import STOCK
 from schedtrace.tracer.contract.report import ClosedLoop, Report, SelfCheck
+from schedtrace.tracer.contract.report.run import PREFIX_MATCHES_RECORDED, PREFIX_MATCHES_TREE
 from schedtrace.tracer.contract.traceset import RankTrace, TraceSet
 
 if TYPE_CHECKING:
@@ -94,10 +95,15 @@ def _fix_notes(report: Report, console: Console) -> None:
         console.print(f"  {fix}: {note}")
 
 
+# Where the arms' cache hits came from (docs/closed-loop.md), in the table's title
+PREFIX_SOURCES = {PREFIX_MATCHES_TREE: ", cache hits per arm's tree", PREFIX_MATCHES_RECORDED: ", cache hits as recorded"}
+
+
 def closed_loop_table(loop: ClosedLoop):
     table = compact_table(("arm", "done", "left", "stalls", "stalled\npasses", "over-asks", "exceptions",
                            "queue\npeak"), shrink=("arm",),
-                          title=f"closed loop from pass {loop.from_pass} ({plural(loop.passes, 'pass')})")
+                          title=f"closed loop from pass {loop.from_pass} ({plural(loop.passes, 'pass')})"
+                                + PREFIX_SOURCES.get(loop.prefix_matches, ""))
     for arm, o in loop.arms.items():
         table.add_row(arm, str(o.completed), str(o.unfinished), str(o.stalls), str(o.stalled_passes),
                       str(o.over_asks), str(o.exceptions), str(o.queue_peak))

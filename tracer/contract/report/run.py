@@ -138,6 +138,14 @@ class ClosedLoop(msgspec.Struct, kw_only=True):
     passes: int
     arms: dict[str, ArmOutcome]
     self_check: SelfCheck | None = None  # with a stock arm: how closely it reproduces the recording
+    # Where a fresh request's prefix match came from: PREFIX_MATCHES_TREE, each arm's own radix tree of
+    # prefix ids (docs/closed-loop.md), or PREFIX_MATCHES_RECORDED, the recording's (no ids, a hybrid
+    # pool, no radix cache); None in reports written before it was reported.
+    prefix_matches: str | None = None
+
+
+PREFIX_MATCHES_TREE: Final = "arm-tree"
+PREFIX_MATCHES_RECORDED: Final = "recorded"
 
 
 # Regions and loss records a report lists (every one is counted): a report stays bounded.
