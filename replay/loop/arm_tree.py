@@ -171,13 +171,9 @@ class ArmTree:
     def start(self, state: LoopState, ran_before: Iterable[Arrival]) -> None:
         """The tree at the loop's start: the prompts of the requests that ran before it, what
         the requests holding KV prefilled (locked), and the waiting ones' recorded matches."""
-        from schedtrace.replay.loop.state import LoopReq
-
         for arrival in ran_before:
             if arrival.prefix_ids:
-                done = LoopReq(arrival.rid, arrival.input_len, 0, 0, prefix_ids=arrival.prefix_ids)
-                self._insert(done, self._blocks(done, done.input_len))
-                self._relock(done.rid, None)
+                self._cache(arrival.rid, arrival.input_len, arrival.prefix_ids, arrival.input_len)
         chunked = state.chunked
         for req in state.held():
             if not req.prefix_ids:
@@ -191,11 +187,17 @@ class ArmTree:
             self._held[req.rid] = req
         for req in state.waiting:
             if req.prefix_ids and req.prefix_len > 0:
-                seen = LoopReq(req.rid, req.input_len, 0, 0, prefix_ids=req.prefix_ids)
-                self._insert(seen, req.prefix_len // self.block)
-                self._relock(req.rid, None)
-                self._extent.pop(req.rid, None)
+                self._cache(req.rid, req.input_len, req.prefix_ids, req.prefix_len - req.prefix_len % self.block)
         self._evict_to(state.evictable)
+
+    def _cache(self, rid: str, input_len: int, ids: bytes, tokens: int) -> None:
+        """``tokens`` of a prompt into the tree, locked by no request (cached: evictable)."""
+        from schedtrace.replay.loop.state import LoopReq
+
+        stand_in = LoopReq(rid, input_len, 0, 0, prefix_ids=ids)
+        self._insert(stand_in, self._blocks(stand_in, tokens))
+        self._relock(rid, None)
+        self._extent.pop(rid, None)  # the request's own inserts, if it runs, start from none
 
     def match(self, state: LoopState, step: int) -> None:
         """Each fresh waiting request's match in this tree, into its ``prefix_len`` and

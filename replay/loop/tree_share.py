@@ -25,25 +25,35 @@ def common_tokens(a: bytes, b: bytes, block: int) -> int:
     return low * block
 
 
-def share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: StepPools, block: int) -> None:
-    """``RadixCache._insert_cache`` (a checkpoint): what ``req`` inserts that the tree holds already
-    (a sibling of its prefix family landed first, in this batch or before) is freed, and ``req``
-    locks the sibling's pages instead: it shares them as it would a match."""
+def _sharer(req: LoopReq, in_tree: list[LoopReq], block: int) -> tuple[int, LoopReq | None]:
+    """The request in the tree whose ids agree with ``req``'s longest, and the tokens it holds of them."""
     best, source = 0, None
     for other in in_tree:
         if other is not req and other.prefix_ids:
             shared = min(common_tokens(req.prefix_ids, other.prefix_ids, block), other.tree_len)
             if shared > best:
                 best, source = shared, other
-    duplicate = floor_page(min(best, tokens), step.page_size) - req.tree_len
-    duplicate = min(duplicate, req.kv_held)
-    if source is None or duplicate <= 0:
-        return
-    step.kv.give(duplicate, False)
+    return best, source
+
+
+def _share(req: LoopReq, duplicate: int, source: LoopReq) -> None:
+    """``req`` gives up ``duplicate`` tokens of its own and shares ``source``'s pages instead."""
     req.kv_held -= duplicate
     req.kv_shared += duplicate
     if req.lender is None:
         req.lender = source.lender or source.rid  # the one that holds the pages
+
+
+def share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: StepPools, block: int) -> None:
+    """``RadixCache._insert_cache`` (a checkpoint): what ``req`` inserts that the tree holds already
+    (a sibling of its prefix family landed first, in this batch or before) is freed, and ``req``
+    locks the sibling's pages instead: it shares them as it would a match."""
+    best, source = _sharer(req, in_tree, block)
+    duplicate = min(floor_page(min(best, tokens), step.page_size) - req.tree_len, req.kv_held)
+    if source is None or duplicate <= 0:
+        return
+    step.kv.give(duplicate, False)
+    _share(req, duplicate, source)
 
 
 def settle_start(state: LoopState, page_size: int, block: int, history: MatchHistory | None = None) -> None:
@@ -64,11 +74,7 @@ def settle_start(state: LoopState, page_size: int, block: int, history: MatchHis
             req.tree_landing = floor_page(req.input_len, page_size)
             continue
         if block and req.prefix_ids:
-            best, source = 0, None
-            for other in in_tree:
-                shared = min(common_tokens(req.prefix_ids, other.prefix_ids, block), other.tree_len)
-                if other.prefix_ids and shared > best:
-                    best, source = shared, other
+            best, source = _sharer(req, in_tree, block)
             if source is not None and history is not None:
                 # Any of the family's recorded matches inside that block tells how far it shares.
                 family = [req, source, *(r for r in state.requests() if r.prefix_ids
@@ -79,8 +85,6 @@ def settle_start(state: LoopState, page_size: int, block: int, history: MatchHis
                     best = min(exact, source.tree_len)
             duplicate = min(floor_page(min(best, tokens), page_size), req.kv_held)
             if source is not None and duplicate > 0:
-                req.kv_held -= duplicate
-                req.kv_shared += duplicate
-                req.lender = source.lender or source.rid
+                _share(req, duplicate, source)
         req.tree_len = max(req.tree_len, tokens)
         in_tree.append(req)
