@@ -11,7 +11,8 @@ reads one every way the reader offers and fails on a broken promise:
   ``convert``);
 * every number the file claims is bounded by its size: ``pass_count``, each
   gap's lost count (``MIN_RECORD_BYTES`` a record), each rebuilt list
-  (``MIN_ROW_BYTES`` a row);
+  (``MIN_ROW_BYTES`` a row), the rows of all the passes a read returns
+  (``cost_allowed``: the rows the deltas' bytes pay for, and their own);
 * every record the family wrote is read back as written, or lies in a
   reported gap (its bytes, or the passes it orphans).
 
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Final
 
 import click
-import msgspec
 
 from schedtrace.testing.builders import header, pass_record
 from schedtrace.tracer.contract.codec import PASS_TAGS, encode, offsets_to_bytes, peek_tag
@@ -42,6 +42,7 @@ from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.errors import SchedtraceError, TraceDamagedError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter
 from schedtrace.tracer.contract.framing import MARKER_PREFIX, MARKER_SIZE, MIN_RECORD_BYTES, header_seed, marker_bytes
+from schedtrace.tracer.contract.keyframes import cost_allowed
 from schedtrace.tracer.contract.pass_chain import MIN_ROW_BYTES
 from schedtrace.tracer.contract.pass_index import MIN_PASS_BYTES
 from schedtrace.tracer.contract.schema import (TAIL_PREFIX, Arrival, Footer, KvSnapshot, Pass, PassDelta, RunningReq,
@@ -142,10 +143,11 @@ def doubling(path: Path, rng: random.Random) -> Crafted:
     return c.done(close=rng.random() < 0.5)
 
 
-def long_chain(path: Path, rng: random.Random) -> Crafted:
-    """A valid file: one keyframe of many rows and 1023 deltas that copy them all, stepping every row."""
+def long_chain(path: Path, rng: random.Random, rows: int | None = None) -> Crafted:
+    """One keyframe of many rows and 1023 deltas of a few bytes that copy them all, stepping every row: past
+    the first few dozen, the rows they would have a reader build are more than their bytes pay for."""
     c = Crafter(path)
-    rows = rng.randint(500, 3000)
+    rows = rows or rng.randint(500, 3000)
     c.batch([a_pass(0, waiting=rows, running=rows)])
     for first in range(1, 1024, 256):
         c.batch([a_delta(seq, waiting_runs=[0, rows], running_runs=[0, rows], running_step=1)
@@ -296,6 +298,7 @@ CONVERT_BELOW: Final = 64 << 10  # files converted to v1 too (a long chain's v1 
 class Read:
     passes: int = 0
     rows: int = 0  # the longest rebuilt list
+    built: int = 0  # the rows of every pass returned, in all
     gaps: int = 0
     check_s: float = 0.0  # opening, the integrity check and the pass index
     read_s: float = 0.0  # then every record, and pass_at of a sample of passes, each cold
@@ -331,6 +334,8 @@ def read_contract(crafted: Crafted) -> Read:
     except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
         raise AssertionError(f"{type(exc).__name__} escaped: {exc}") from exc
     assert out.passes <= size // MIN_PASS_BYTES + 1, f"pass_count {out.passes} from {size} bytes"
+    # every row returned is at least a copy, paid for by the budget or by its own bytes
+    assert out.built <= cost_allowed(size) + 2 * (size // MIN_ROW_BYTES), f"{out.built:,} rows from {size:,} bytes"
     for gap in gaps:
         assert gap.lost is None or gap.lost <= (gap.end - gap.start) // MIN_RECORD_BYTES, f"{gap} claims too much"
     lost = _lost_passes(gaps, offsets)
@@ -373,6 +378,7 @@ def _check_rows(record: object, size: int, out: Read) -> None:
         rows = max(len(record.waiting), len(record.running))
         out.rows = max(out.rows, rows)
         assert rows <= size // MIN_ROW_BYTES + 1, f"a pass of {rows} rows from {size} bytes"
+        out.built += len(record.waiting) + len(record.running)
 
 
 def _lost_passes(gaps, offsets) -> set[int]:

@@ -411,6 +411,22 @@ def test_a_seek_walks_at_most_walk_bytes_of_deltas(tmp_path: Path) -> None:
     assert min(sizes[n] for n in keyframes) * DEFAULT_BYTES_RATIO > DEFAULT_WALK_BYTES  # the ratio rule would wait longer
 
 
+def test_a_large_batch_decoding_gets_keyframes_so_that_its_bytes_pay_for_the_rows_a_reader_builds(
+        tmp_path: Path) -> None:
+    """1,000 requests decoding: each delta of a few bytes steps 1,000 rows. The writer keeps every chain within
+    the reader's budget (names.BUILT_ROWS_PER_BYTE), where the ratio and walk rules alone keep one keyframe."""
+    kv = KvSnapshot(available=100, evictable=0)
+    records = [builders.pass_record(seq, kv=kv, running=[RunningReq(f"{i:032x}", 100, seq, 4096) for i in range(1000)])
+               for seq in range(400)]
+    writer = write_v2(tmp_path / "t.trace", records, batch=50)
+    with TraceReader(tmp_path / "t.trace") as reader:  # strict: a chain past the budget would raise
+        assert list(reader.passes()) == records
+    keyframes = list(writer.keyframes)
+    assert len(keyframes) >= 4, keyframes
+    unbounded = write_v2(tmp_path / "u.trace", records, batch=50, keyframes=KeyframePolicy(walk_bytes=1 << 62))
+    assert len(unbounded.keyframes) >= 4  # the budget is no policy's to waive
+
+
 def test_version_1_writes_every_pass_whole_and_stock_msgpack_reads_every_v2_record(tmp_path: Path) -> None:
     records = generated(200, seed=11)
     v1, v2 = tmp_path / "v1.trace", tmp_path / "v2.trace"

@@ -33,6 +33,7 @@ from schedtrace.cli import run
 from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.names import BUILT_ROWS_PER_BYTE
 from schedtrace.tracer.contract.reader import UNKNOWN_TAGS
 from schedtrace.tracer.contract.schema import Arrival, Pass
 
@@ -135,13 +136,35 @@ def test_a_pass_that_fails_the_schema_is_lost_with_the_deltas_that_need_it(tmp_p
 
 def test_a_cold_pass_at_far_into_a_long_chain_is_the_pass_read_in_order(tmp_path: Path) -> None:
     """``pass_at`` builds only the pass asked for (delta.Walk); it must equal every delta applied in turn."""
-    path = long_chain(tmp_path / "t.trace", random.Random(3)).path
+    path = long_chain(tmp_path / "t.trace", random.Random(3), rows=40).path  # within the rows its bytes pay for
     with TraceReader(path) as reader:
         in_order = [p for _, p in reader.records() if isinstance(p, Pass)]
     assert len(in_order) == 1024 and in_order[-1].running[0].output_len == 1 + 1023
     for n in random.Random(1).sample(range(1024), 12) + [1023]:
         with TraceReader(path) as reader:
             assert reader.pass_at(n) == in_order[n]
+
+
+def test_deltas_that_step_more_rows_than_their_bytes_pay_for_are_refused_and_their_passes_counted(
+        tmp_path: Path) -> None:
+    """A long chain of 2,000 rows: each 30-byte delta steps them all. The rows a read builds are bounded by the
+    file's size (names.BUILT_ROWS_PER_BYTE); the passes past the budget are a gap's, up to the next keyframe."""
+    crafted = long_chain(tmp_path / "t.trace", random.Random(3), rows=2000)
+    size = crafted.path.stat().st_size
+    with TraceReader(crafted.path) as reader, pytest.raises(TraceFormatError, match="rows since its keyframe"):
+        list(reader.records())
+    with TraceReader(crafted.path, skip_damaged=True) as reader:
+        passes = list(reader.passes())
+        (gap,) = reader.gaps
+        assert reader.pass_count == 1024
+        assert len(passes) + gap.lost + gap.orphans == 1024 and gap.orphans > 900
+        built = sum(len(p.running) for p in passes[1:])
+        assert built <= BUILT_ROWS_PER_BYTE * size < 1023 * 2000
+        assert passes[-1].running[0].output_len == len(passes)  # each pass read is the one written
+    with TraceReader(crafted.path, skip_damaged=True) as reader:
+        with pytest.raises(TraceDamagedError):
+            reader.pass_at(1000)  # cold, by the walk: the same budget
+        assert reader.pass_at(len(passes) - 1) == passes[-1]
 
 
 def test_a_swapped_pair_of_batches_costs_only_what_the_two_gaps_hold(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from typing import Final
 
 import msgspec
 
+from schedtrace.tracer.contract.names import COPIES_PER_BUILT_ROW
 from schedtrace.tracer.contract.schema import ChunkedReq, Pass, PassDelta, RunningReq, WaitingReq
 
 FRESH: Final = -1  # a run's start: take rows from the delta's own list
@@ -216,6 +217,20 @@ def plan(old_n: int, spans: list[int], fresh_n: int, max_rows: int, what: str) -
     if taken != fresh_n:
         raise DeltaError(f"{what} runs leave {fresh_n - taken} of the delta's new rows unused")
     return out
+
+
+def rebuild_cost(delta: PassDelta) -> int:
+    """What rebuilding ``delta`` makes a reader do, in row copies: a stepped running row is built anew
+    (``COPIES_PER_BUILT_ROW`` copies), any other copied row is one. New rows are paid for by their bytes."""
+    copied = built = 0
+    for spans, rebuilt in ((delta.waiting_runs, False), (delta.running_runs, bool(delta.running_step))):
+        taken = sum(spans[1::2])
+        fresh = sum(count for start, count in zip(spans[::2], spans[1::2]) if start == FRESH)
+        if rebuilt:
+            built += taken - fresh
+        else:
+            copied += taken - fresh
+    return copied + built * COPIES_PER_BUILT_ROW
 
 
 def _rows(old: list, spans: list[int], fresh: list, max_rows: int, what: str, step: int = 0) -> list:

@@ -11,12 +11,19 @@ bytes whatever the queue length; the walk rule bounds what a reader decodes
 and applies to reach any pass (a seek's cost follows the delta bytes it
 walks: at a 1,000-request backlog a keyframe is some 50 KB, and the ratio
 rule alone let 100 KB of deltas, 300 passes, pile up behind it); the count
-rule bounds how many deltas it applies. Where keyframes fall is the writer's
-choice: a reader takes any placement within ``MAX_KEYFRAME_INTERVAL``, so
-files written under an older rule read as before.
+rule bounds how many deltas it applies. Where keyframes fall is otherwise
+the writer's choice: a reader takes any placement within the two rules
+below, so files written under an older placement read as before.
 
-Every pass is fewer than ``MAX_KEYFRAME_INTERVAL`` passes after its
-keyframe: the reader refuses a file that says otherwise.
+Two rules bind every writer, and the reader refuses a file that breaks them:
+every pass is fewer than ``MAX_KEYFRAME_INTERVAL`` passes after its
+keyframe, and the deltas after a keyframe make a reader build at most
+``BUILT_ROWS_PER_BYTE`` rows per byte of the file from the keyframe to the
+delta (``rebuild_cost``, ``cost_allowed``). A delta of a few bytes can step
+every running row, so without the second rule a reading costs the rows of the
+passes, not the bytes of the file; the writer writes a keyframe before a
+delta would break it (a running batch of more than some 150 requests
+decoding).
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from typing import Final
 import msgspec
 
 from schedtrace.tracer.contract.codec import encode_into
-from schedtrace.tracer.contract.delta import Differ
-from schedtrace.tracer.contract.names import MAX_KEYFRAME_INTERVAL
+from schedtrace.tracer.contract.delta import Differ, rebuild_cost
+from schedtrace.tracer.contract.names import BUILT_ROWS_PER_BYTE, COPIES_PER_BUILT_ROW, MAX_KEYFRAME_INTERVAL
 from schedtrace.tracer.contract.schema import Pass
 
 DEFAULT_BYTES_RATIO: Final = 2.0
@@ -56,6 +63,7 @@ class PassEncoder:
         self._deltas = 0  # written since the last keyframe
         self._delta_bytes = 0
         self._keyframe_bytes = 0
+        self._cost = 0  # rebuild_cost of the deltas since the last keyframe
 
     def reset(self) -> None:
         """The next pass is a keyframe (what came before may not be in the file)."""
@@ -68,15 +76,25 @@ class PassEncoder:
         keyframe = (previous is None or p.seq != previous.seq + 1 or self._deltas + 1 >= self.policy.every
                     or self._delta_bytes >= min(self.policy.bytes_ratio * self._keyframe_bytes,
                                                 self.policy.walk_bytes))
-        encode_into(p if keyframe else self._differ.diff(p), buffer)
+        delta = None if keyframe else self._differ.diff(p)
+        cost = 0 if delta is None else self._cost + rebuild_cost(delta)
+        if cost > cost_allowed(self._keyframe_bytes + self._delta_bytes):  # the reader's budget (below)
+            delta = None
+        encode_into(p if delta is None else delta, buffer)
         size = len(buffer) - before
-        if keyframe:
-            self._deltas, self._delta_bytes, self._keyframe_bytes = 0, 0, size
+        if delta is None:
+            self._deltas, self._delta_bytes, self._keyframe_bytes, self._cost = 0, 0, size, 0
         else:
             self._deltas += 1
             self._delta_bytes += size
+            self._cost = cost
         self._differ.keep(p)
-        return keyframe
+        return delta is None
+
+
+def cost_allowed(span: int) -> int:
+    """The ``rebuild_cost`` the deltas after a keyframe may add up to by a delta ``span`` bytes after it."""
+    return BUILT_ROWS_PER_BYTE * COPIES_PER_BUILT_ROW * span
 
 
 def keyframe_problem(keyframes: array, passes: int) -> str | None:

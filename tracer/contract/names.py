@@ -108,6 +108,10 @@ MIN_PASS_BYTES: Final = 24
 MIN_ROW_BYTES: Final = 5
 # v2: a pass is at most this many - 1 deltas after its keyframe (the writer's interval, at most; the reader's bound).
 MAX_KEYFRAME_INTERVAL: Final = 1024
+# v2: rows the reader builds rebuilding the deltas after a keyframe, at most this many per byte of the file from the
+# keyframe to the delta (a stepped running row is built anew; a copied row costs 1 / COPIES_PER_BUILT_ROW of one).
+BUILT_ROWS_PER_BYTE: Final = 2
+COPIES_PER_BUILT_ROW: Final = 64  # a copied row is a reference (some 3 ns), a built one an object (some 220 ns)
 # Bytes hashed for batches that fail, in units of the data's size (plus two batches): the search after damage.
 HASH_BUDGET: Final = 2
 LOCATE_BYTES: Final = 1 << 20  # how far into a failed batch the reader looks for the bad record

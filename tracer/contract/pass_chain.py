@@ -23,16 +23,17 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
 from schedtrace.tracer.contract.codec import PASS_TAGS, peek_tag
-from schedtrace.tracer.contract.delta import DeltaError, Walk, rebuild
+from schedtrace.tracer.contract.delta import DeltaError, Walk, rebuild, rebuild_cost
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.framing import Gap
-from schedtrace.tracer.contract.keyframes import MAX_KEYFRAME_INTERVAL
-from schedtrace.tracer.contract.names import MIN_ROW_BYTES
+from schedtrace.tracer.contract.keyframes import cost_allowed
+from schedtrace.tracer.contract.names import (BUILT_ROWS_PER_BYTE, COPIES_PER_BUILT_ROW, MAX_KEYFRAME_INTERVAL,
+                                              MIN_ROW_BYTES)
 from schedtrace.tracer.contract.pass_index import number_passes, room
 from schedtrace.tracer.contract.schema import Pass, PassDelta, Record
 from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
@@ -40,6 +41,15 @@ from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
 if TYPE_CHECKING:
     from schedtrace.tracer.contract.reader import TraceReader
 
+
+
+class _Rebuilt(NamedTuple):
+    """A pass rebuilt, with what its chain cost: ``cost`` (delta.rebuild_cost) since the keyframe at ``keyframe_at``."""
+
+    n: int
+    pass_: Pass
+    cost: int
+    keyframe_at: int
 
 
 class PassChain:
@@ -52,7 +62,7 @@ class PassChain:
         self._offsets = offsets  # None: not indexed yet (a file without a usable footer)
         self._keyframes = keyframes  # v2: pass numbers written whole; None in v1 (every pass is)
         self._first_checked = False
-        self._last: tuple[int, Pass] | None = None  # the pass rebuilt last, to step on from
+        self._last: _Rebuilt | None = None  # the pass rebuilt last, to step on from
         self._lost: tuple[list[int], list[int], list[Gap]] | None = None
         self.max_rows = reader.max_record_bytes // MIN_ROW_BYTES
 
@@ -108,8 +118,8 @@ class PassChain:
         if keyframes is None:
             return self._numbered(n, self._whole(n))
         last = self._last
-        if last is not None and last[0] == n:
-            return last[1]
+        if last is not None and last.n == n:
+            return last.pass_
         at = bisect_right(keyframes, n) - 1
         if at < 0:
             gap = self._lost_between(0, n)  # the first keyframe was lost
@@ -120,28 +130,31 @@ class PassChain:
         if n - k >= MAX_KEYFRAME_INTERVAL:
             raise self._reader._bad_record(offsets[n], f"pass {n} is {n - k} passes after its keyframe "
                                            f"(at most {MAX_KEYFRAME_INTERVAL - 1})")
-        i, p = last if last is not None and k <= last[0] < n else (k, None)
-        gap = self._lost_between(i, n)
-        if gap is not None:
-            raise TraceDamagedError(self._path, gap)
-        if p is None:
+        if last is None or not k <= last.n < n:
             p = self._whole(k)
             if type(p) is not Pass:
                 raise self._reader._bad_record(offsets[k], f"keyframe {k} is not a whole pass record")
-            p = self._numbered(k, p)
-        p = self._walked(p, i, n) if n - i > 1 else self._numbered(n, self._after(p, n)) if n > i else p
-        self._last = (n, p)
-        return p
+            last = _Rebuilt(k, self._numbered(k, p), 0, offsets[k])
+        gap = self._lost_between(last.n, n)
+        if gap is not None:
+            raise TraceDamagedError(self._path, gap)
+        if n - last.n > 1:
+            last = self._walked(last, n)
+        elif n > last.n:
+            last = self._after(last)
+        self._last = last
+        return last.pass_
 
-    def _walked(self, p: Pass, i: int, n: int) -> Pass:
-        """Pass ``n`` from pass ``i`` (``p``), building only pass ``n`` (delta.Walk)."""
+    def _walked(self, last: _Rebuilt, n: int) -> _Rebuilt:
+        """Pass ``n`` from the pass rebuilt last, building only pass ``n`` (delta.Walk)."""
+        p, cost, keyframe_at = last.pass_, last.cost, last.keyframe_at
         walk = Walk(p, self.max_rows)
         first = self._reader.header.first_pass
-        for i in range(i + 1, n + 1):
+        for i in range(last.n + 1, n + 1):
             offset = self._offsets[i]
             record = self._reader._raw_record_at(offset)
             if type(record) is not PassDelta:  # a whole pass needs nothing before it
-                p = self._numbered(i, record)
+                p, cost, keyframe_at = self._numbered(i, record), 0, offset
                 walk = Walk(p, self.max_rows)
                 continue
             if record.seq != first + i:
@@ -151,18 +164,35 @@ class PassChain:
                 walk.apply(record)
             except DeltaError as exc:
                 raise self._reader._bad_record(offset, f"bad delta pass {record.seq}: {exc}") from None
-        return p if walk.delta is None else walk.rebuilt()  # seqs checked on the way: walk.seq is first + n
+            cost = self.charged(cost, record, offset, keyframe_at)
+        p = p if walk.delta is None else walk.rebuilt()  # seqs checked on the way: walk.seq is first + n
+        return _Rebuilt(n, p, cost, keyframe_at)
 
     def _whole(self, n: int) -> Record | None:
         return self._reader._raw_record_at(self._offsets[n])
 
-    def _after(self, p: Pass, i: int) -> Pass:
-        """Pass ``i``, which follows ``p``."""
-        offset = self._offsets[i]
+    def _after(self, last: _Rebuilt) -> _Rebuilt:
+        """The pass after the one rebuilt last."""
+        n = last.n + 1
+        offset = self._offsets[n]
         record = self._reader._raw_record_at(offset)
-        if type(record) is PassDelta:
-            return self.applied(p, record, offset)
-        return record  # a whole pass needs nothing before it (anything else fails _numbered)
+        if type(record) is not PassDelta:  # a whole pass needs nothing before it (anything else fails _numbered)
+            return _Rebuilt(n, self._numbered(n, record), 0, offset)
+        p = self._numbered(n, self.applied(last.pass_, record, offset))
+        return _Rebuilt(n, p, self.charged(last.cost, record, offset, last.keyframe_at), last.keyframe_at)
+
+    def charged(self, cost: int, delta: PassDelta, offset: int, keyframe_at: int) -> int:
+        """``cost`` (since the keyframe at ``keyframe_at``) and the delta's, within the format's budget.
+
+        Charged once the delta applied, so that a delta that does not apply says why: one pass's rows at most
+        are built past the budget, and a list copies no more rows than the pass before held (delta.plan)."""
+        cost += rebuild_cost(delta)
+        span = offset - keyframe_at
+        if cost > cost_allowed(span):
+            raise self._reader._bad_record(offset, f"delta pass {delta.seq} has the reader build "
+                                           f"{cost // COPIES_PER_BUILT_ROW} rows since its keyframe {span} bytes "
+                                           f"before, more than {BUILT_ROWS_PER_BYTE} a byte")
+        return cost
 
     def applied(self, p: Pass, delta: PassDelta, offset: int) -> Pass:
         if delta.seq != p.seq + 1:
@@ -190,14 +220,14 @@ class PassChain:
             yield from stream
             return
         base: Pass | None = None  # what the next delta applies to (None past a gap: wait for a keyframe)
-        base_at = run = -1  # run: deltas since the keyframe
+        base_at = run = cost = keyframe_at = -1  # run, cost: deltas since the keyframe, and their rebuild cost
         started = False
         for offset, record in stream:
             kind = type(record)
             if kind is PassDelta:
                 if not started:  # the stream starts after the pass this delta is against
                     started, base_at = True, offset
-                    base, run = self._before(offset)
+                    base, run, cost, keyframe_at = self._before(offset)
                 if base is not None and record.seq != base.seq + 1 and self._gap_after(base_at, offset):
                     base = None  # skipping damage: its chain crosses a gap
                 if base is None:
@@ -207,18 +237,21 @@ class PassChain:
                     if run >= MAX_KEYFRAME_INTERVAL:
                         raise self._reader._bad_record(offset, f"delta pass {record.seq} is {run} passes after "
                                                        f"its keyframe (at most {MAX_KEYFRAME_INTERVAL - 1})")
-                    record = base = self.applied(base, record, offset)
+                    rebuilt = self.applied(base, record, offset)
+                    cost = self.charged(cost, record, offset, keyframe_at)
+                    record = base = rebuilt
                 except TraceDamagedError:  # reading on past damage: the passes after it wait for a keyframe
                     base = None
                     continue
                 base_at = offset
             elif kind is Pass:
-                started, base, base_at, run = True, record, offset, 0
+                started, base, base_at, run, cost, keyframe_at = True, record, offset, 0, 0, offset
             yield offset, record
 
 
-    def _before(self, offset: int) -> tuple[Pass | None, int]:
-        """The pass before the delta at ``offset``, and how many deltas after its keyframe it is."""
+    def _before(self, offset: int) -> tuple[Pass | None, int, int, int]:
+        """The pass before the delta at ``offset``, how many deltas after its keyframe it is, their rebuild
+        cost and the keyframe's offset."""
         try:
             n = self.number_of(offset)
             if n == 0:
@@ -226,10 +259,11 @@ class PassChain:
             p = self.pass_at(n - 1)
         except TraceDamagedError:
             if self._reader.skip_damaged:
-                return None, 0
+                return None, 0, 0, 0
             raise
-        keyframes = self._keyframes
-        return p, n - 1 - keyframes[bisect_right(keyframes, n - 1) - 1]  # pass_at found a keyframe
+        keyframes, last = self._keyframes, self._last
+        assert last is not None and last.n == n - 1
+        return p, n - 1 - keyframes[bisect_right(keyframes, n - 1) - 1], last.cost, last.keyframe_at
 
     # --- what gaps cost ---
 
