@@ -192,10 +192,11 @@ class PassDriver:
             self.note(record)
 
     def requeue_released(self, p: Pass, rids: list[str]) -> None:
-        """Requests ``p``'s preemption released re-enter the queue at the end of ``p``."""
+        """Requests ``p``'s preemption released re-enter the queue at the end of ``p``, one after another
+        in the order released (a nanosecond apart): the next preemption takes the newest first."""
         at = p.t_ns + p.dur_ns
-        for rid in rids:
-            self.book.requeued(rid, at)
+        for n, rid in enumerate(rids):
+            self.book.requeued(rid, at + n)
 
     @property
     def reads_history(self) -> bool:

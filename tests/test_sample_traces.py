@@ -114,6 +114,39 @@ def test_a_retracted_request_is_ranked_for_preemption_by_its_requeue() -> None:
     assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)
 
 
+RELEASED_TOGETHER = Path(__file__).resolve().parent / "traces" / "fcfs-low-first-released-together.trace"
+
+
+def _ties_of_one_release(path: Path) -> list[int]:
+    """Passes whose preemption chose between running requests of one priority that the same earlier
+    preemption had released: only the order they re-entered the queue in ranks them."""
+    released_at: dict[str, int] = {}
+    priority: dict[str, int | None] = {}
+    passes = []
+    with TraceReader(path) as reader:
+        for _, record in reader.records():
+            if isinstance(record, Arrival):
+                priority[record.rid] = record.priority
+            elif isinstance(record, Pass) and record.released:
+                running = {r.rid for r in record.running}
+                for victim in (r.rid for r in record.released if r.rid in released_at):
+                    if any(rid != victim and released_at.get(rid) == released_at[victim]
+                           and priority[rid] == priority[victim] for rid in running):
+                        passes.append(record.seq)
+                for released in record.released:
+                    released_at[released.rid] = record.seq
+    return passes
+
+
+def test_requests_one_preemption_released_requeue_in_the_order_released() -> None:
+    """Released together, two requests of one priority re-enter the queue one after the other; the next
+    preemption takes the later. Stamped with one time, the tie fell to running order (449/450)."""
+    assert _ties_of_one_release(RELEASED_TOGETHER) == [436]
+    report = replay_trace(RELEASED_TOGETHER, "stock", "fixed", jobs=1)
+    assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)
+    assert report.passes == 450
+
+
 def test_the_closed_loop_preempts_as_the_server_did() -> None:
     """Evolved by its own decisions, the stock arm's preemptions free the KV its loop holds,
     and their victims queue again: it admits every request when the server did."""
