@@ -60,7 +60,8 @@ from schedtrace.replay.loop.draws import RANDOM
 from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
 from schedtrace.replay.aiter_dispatch import aiter_method
 from schedtrace.replay.pass_standins import AdmissionDone, Ratio, keep_rows, stop_init_new
-from schedtrace.replay.server_env import PublishedConfig, recorded_constants, recorded_grid, swap_constants
+from schedtrace.replay.server_env import (PublishedConfig, per_request_envs, recorded_constants, recorded_grid,
+                                         swap_constants)
 from schedtrace.replay.routing_keys import ROUTING_KEY, keys_renamed, recorded_names
 from schedtrace.replay.requests import (ArrivalBook, ReqCache, TokenSource, batch_defaults, chunked_req, running_req,
                                        waiting_req)
@@ -118,8 +119,9 @@ class PassDriver:
         if settings.get("prefill_max_requests") is not None:
             config["prefill_max_requests"] = settings["prefill_max_requests"]
         self._config = PublishedConfig(config)
-        # Module constants sglang read from the environment at import, as the server had them.
-        self._constants = recorded_constants(settings)
+        # Module constants sglang read from the environment at import, as the server had them, and the
+        # answers to the settings it reads per request.
+        self._constants = recorded_constants(settings) + per_request_envs()
         layout = header.pools
         if family == MAMBA:
             self.req_slots = RecordedHybridReqSlots(slots, layout.mamba_size or 0)

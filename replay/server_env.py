@@ -13,17 +13,23 @@ one recorded value and nothing else.
 
 ``PublishedConfig`` is the server's runtime config, swapped in per call;
 ``recorded_constants`` are the import-time settings (``Header.settings``) the
-server had otherwise than this process, set per call with ``swap_constants``.
+server had otherwise than this process, set per call with ``swap_constants``,
+as are the answers of the settings sglang reads per request (``per_request_envs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
-from schedtrace.tracer.analysis.settings import MODULE_SETTINGS
+from schedtrace.tracer.analysis.settings import ASSUMED, MODULE_SETTINGS
+
+# Environment settings sglang reads per request inside a pass (``per_request_envs``).
+PER_REQUEST_ENVS: Final = ("SGLANG_RADIX_FORCE_MISS", "SGLANG_ENABLE_WAITING_PREFIX_REFRESH")
+_INHERITED: Final = object()  # an attribute the owner's class gives, not the owner
 
 
 @contextlib.contextmanager
@@ -95,10 +101,37 @@ def recorded_constants(settings: dict[str, Any]) -> list[tuple[Any, str, Any]]:
     return out
 
 
+def per_request_envs() -> list[tuple[Any, str, Any]]:
+    """(env field, "get", a getter of the value replay runs under) for each setting in ``PER_REQUEST_ENVS``.
+
+    sglang reads these on every request of a pass (``envs.NAME.get()``, an ``os.getenv`` each: a fifth of
+    an lpm pass over a long queue); the answer is fixed for a replay, so it is given without the look-up:
+    the value ``ASSUMED`` says replay models (``unreplayed`` warns of another recorded), else this
+    process's, read once, as the pass read it before (the others are decision-neutral: settings.py).
+    """
+    from sglang.srt.environ import envs
+
+    out = []
+    for name in PER_REQUEST_ENVS:
+        field = getattr(envs, name, None)
+        if field is None:
+            continue
+        value = ASSUMED[name] if name in ASSUMED else field.get()
+        out.append((field, "get", functools.partial(_answer, value)))
+    return out
+
+
+def _answer(value: Any) -> Any:
+    return value
+
+
 def swap_constants(constants: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
     """Set each constant; returns what restores them (empty when the server's are this process's)."""
     previous = []
-    for module, attr, value in constants:
-        previous.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, value)
+    for owner, attr, value in constants:
+        previous.append((owner, attr, vars(owner).get(attr, _INHERITED)))
+        if value is _INHERITED:
+            delattr(owner, attr)  # the class's again (a method an instance's attribute stood in for)
+        else:
+            setattr(owner, attr, value)
     return previous

@@ -66,3 +66,18 @@ def test_a_recorded_value_replay_cannot_reproduce_is_named() -> None:
     assert settings.unreplayed({"enable_lora": True}) == ["enable_lora=True: replay runs as if False"]
     # Priority preemption replays: each release is recorded (Pass.released).
     assert settings.unreplayed({"enable_lora": False, "disable_priority_preemption": False}) == []
+
+
+def test_a_setting_read_per_request_answers_what_replay_runs_under_not_this_process(monkeypatch) -> None:
+    """sglang reads SGLANG_RADIX_FORCE_MISS on every match of a pass; replay models the server without it
+    (``ASSUMED``), so a replaying process that sets it still reproduces an lpm trace, and reads its own
+    value again once the replay is done."""
+    from sglang.srt.environ import envs
+
+    from schedtrace.replay.engine import replay_trace
+
+    monkeypatch.setenv("SGLANG_RADIX_FORCE_MISS", "1")
+    report = replay_trace(Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace", "stock",
+                          jobs=1)
+    assert report.fidelity.matched == report.fidelity.total > 1000
+    assert envs.SGLANG_RADIX_FORCE_MISS.get() is True and "get" not in vars(envs.SGLANG_RADIX_FORCE_MISS)
