@@ -28,6 +28,7 @@ from schedtrace.tracer.contract.schema import Loss
 from schedtrace.tracer.contract.traceset import RankTrace
 
 Reader = TraceReader | RankTrace
+LOSS_TAG = Loss.__struct_config__.tag
 
 
 def damaged_region(gap: Gap, pass_offsets: Sequence[int], first_pass: int) -> DamagedRegion:
@@ -73,7 +74,13 @@ def holes_of(gaps: Iterable[Gap], losses: Iterable[tuple[int, Loss]], pass_offse
 
 
 def scan_holes(reader: Reader) -> Holes:
-    """The holes of the trace ``reader`` reads: its gaps and its loss records."""
+    """The holes of the trace ``reader`` reads: its gaps and its loss records.
+
+    A file closed cleanly whose footer counts no ``loss`` record holds none (the footer counts every
+    record by tag): it is not read again, which cost a replay about a tenth of its time.
+    """
+    if isinstance(reader, TraceReader) and reader.closed_cleanly and not reader.footer.counts.get(LOSS_TAG):
+        return holes_of([], [], reader.pass_offsets, reader.header.first_pass)
     losses = [(offset, record) for offset, record in reader.records() if type(record) is Loss]
     return holes_of(reader.gaps, losses, reader.pass_offsets, reader.header.first_pass)
 
