@@ -48,7 +48,7 @@ from schedtrace.replay.hybrid import fix_notes
 from schedtrace.arms.patching import sglang_version
 from schedtrace.tracer.contract.report import ArmError, Decision, Divergence, Fidelity, Mismatch, Report
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES, FIXED, STOCK, error_text
-from schedtrace.tracer.analysis.stalls import StallScanner, is_stalled
+from schedtrace.tracer.analysis.stalls import StallScanner, both_stalled
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.schema import Aiter, Arrival, Finish, Pass, Retract
@@ -168,7 +168,7 @@ class _Replayer:
         chunk.stall_rows.append(
             _StallRow(
                 record.seq, record.repeat, record.idle_before, head,
-                is_stalled(p, old, header), is_stalled(p, new, header),
+                *both_stalled(p, old, new, header),
             )
         )
 

@@ -20,19 +20,22 @@ from schedtrace.replay.driver import PassDriver
 from schedtrace.tracer.analysis import admission
 from schedtrace.tracer.analysis.admission import head_check
 from schedtrace.tracer.analysis.decision import replay_inputs
-from schedtrace.tracer.analysis.stalls import find_stalls, is_stalled
+from schedtrace.tracer.analysis.stalls import both_stalled, find_stalls, is_stalled
 from schedtrace.tracer.analysis.why import why, why_trace
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import DEFAULT_STALL_PASSES
 from schedtrace.tracer.contract.report import Decision
 from schedtrace.tracer.contract.schema import (
+    Arrival,
     Candidate,
     ChunkedReq,
+    Finish,
     Header,
     KvSnapshot,
     Pass,
     PoolLayout,
+    Retract,
     RunningReq,
     WaitingReq,
 )
@@ -393,3 +396,24 @@ def test_info_says_on_how_many_passes_the_rule_was_an_estimate(tmp_path: Path) -
             anomalies = summarize(reader, 1)["anomalies"]
         assert len(anomalies["stalls_while_kv_free"]) == 1
         assert anomalies["stall_rule_estimates"] == expected
+
+
+def test_two_arms_checked_at_once_stall_as_each_checked_alone() -> None:
+    """The replayer checks a pass once for both arms (both_stalled): on every pass of the latch sample,
+    with each arm's replayed decision, the pair is is_stalled's for each."""
+    path = TRACES / "latch-abort-live.trace"
+    seen = set()
+    with TraceReader(path) as reader:
+        header = reader.header
+        driver = PassDriver(header)
+        for _, record in reader.records():
+            if type(record) in (Arrival, Finish, Retract):
+                driver.note(record)
+            elif type(record) is Pass:
+                p = replay_inputs(record)
+                old, new = driver.decide(p, "stock"), driver.decide(p, "fixed")
+                pair = both_stalled(p, old, new, header)
+                assert pair == (is_stalled(p, old, header), is_stalled(p, new, header)), record.seq
+                seen.add(pair)
+                driver.note(record)
+    assert {(True, False), (False, False)} <= seen

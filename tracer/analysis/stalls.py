@@ -52,9 +52,13 @@ def _admits(check: HeadCheck | None) -> bool:
     return check is not None and (check.admits or check.chunk is not None)
 
 
+def _got_in(d: Decision) -> bool:
+    return bool(d.admitted) or d.chunk_size is not None
+
+
 def _stall_check(p: Pass, d: Decision, config: ServerConfig) -> HeadCheck | None:
     """The check that decides whether ``d`` stalled on ``p`` (None: it got something in)."""
-    if d.admitted or d.chunk_size is not None:
+    if _got_in(d):
         return None
     return _fixed_check(p, config)
 
@@ -62,6 +66,13 @@ def _stall_check(p: Pass, d: Decision, config: ServerConfig) -> HeadCheck | None
 def is_stalled(p: Pass, d: Decision, config: ServerConfig = None) -> bool:
     """Requests wait, sglang's own check would admit, and this arm got nothing in."""
     return _admits(_stall_check(p, d, config))
+
+
+def both_stalled(p: Pass, old: Decision, new: Decision, config: ServerConfig = None) -> tuple[bool, bool]:
+    """``is_stalled`` for two arms' decisions on one pass, checking the pass once."""
+    idle_old, idle_new = not _got_in(old), not _got_in(new)
+    admits = _admits(_fixed_check(p, config)) if idle_old or idle_new else False
+    return idle_old and admits, idle_new and admits
 
 
 class StallScanner:
