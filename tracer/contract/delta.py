@@ -222,15 +222,13 @@ def plan(old_n: int, spans: list[int], fresh_n: int, max_rows: int, what: str) -
 def rebuild_cost(delta: PassDelta) -> int:
     """What rebuilding ``delta`` makes a reader do, in row copies: a stepped running row is built anew
     (``COPIES_PER_BUILT_ROW`` copies), any other copied row is one. New rows are paid for by their bytes."""
-    copied = built = 0
-    for spans, rebuilt in ((delta.waiting_runs, False), (delta.running_runs, bool(delta.running_step))):
-        taken = sum(spans[1::2])
-        fresh = sum(count for start, count in zip(spans[::2], spans[1::2]) if start == FRESH)
-        if rebuilt:
-            built += taken - fresh
-        else:
-            copied += taken - fresh
-    return copied + built * COPIES_PER_BUILT_ROW
+    running = _copied(delta.running_runs)
+    return _copied(delta.waiting_runs) + (running * COPIES_PER_BUILT_ROW if delta.running_step else running)
+
+
+def _copied(spans: list[int]) -> int:
+    """The rows a list's runs copy from the list before it."""
+    return sum(count for start, count in zip(spans[::2], spans[1::2]) if start != FRESH)
 
 
 def _rows(old: list, spans: list[int], fresh: list, max_rows: int, what: str, step: int = 0) -> list:

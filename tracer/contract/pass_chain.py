@@ -164,7 +164,7 @@ class PassChain:
                 walk.apply(record)
             except DeltaError as exc:
                 raise self._reader._bad_record(offset, f"bad delta pass {record.seq}: {exc}") from None
-            cost = self.charged(cost, record, offset, keyframe_at)
+            cost = self._charged(cost, record, offset, keyframe_at)
         p = p if walk.delta is None else walk.rebuilt()  # seqs checked on the way: walk.seq is first + n
         return _Rebuilt(n, p, cost, keyframe_at)
 
@@ -178,10 +178,10 @@ class PassChain:
         record = self._reader._raw_record_at(offset)
         if type(record) is not PassDelta:  # a whole pass needs nothing before it (anything else fails _numbered)
             return _Rebuilt(n, self._numbered(n, record), 0, offset)
-        p = self._numbered(n, self.applied(last.pass_, record, offset))
-        return _Rebuilt(n, p, self.charged(last.cost, record, offset, last.keyframe_at), last.keyframe_at)
+        p, cost = self.applied(last.pass_, record, offset, last.cost, last.keyframe_at)
+        return _Rebuilt(n, self._numbered(n, p), cost, last.keyframe_at)
 
-    def charged(self, cost: int, delta: PassDelta, offset: int, keyframe_at: int) -> int:
+    def _charged(self, cost: int, delta: PassDelta, offset: int, keyframe_at: int) -> int:
         """``cost`` (since the keyframe at ``keyframe_at``) and the delta's, within the format's budget.
 
         Charged once the delta applied, so that a delta that does not apply says why: one pass's rows at most
@@ -194,13 +194,15 @@ class PassChain:
                                            f"before, more than {BUILT_ROWS_PER_BYTE} a byte")
         return cost
 
-    def applied(self, p: Pass, delta: PassDelta, offset: int) -> Pass:
+    def applied(self, p: Pass, delta: PassDelta, offset: int, cost: int, keyframe_at: int) -> tuple[Pass, int]:
+        """The pass ``delta`` (at ``offset``) makes of ``p``, and the chain's cost with it (``_charged``)."""
         if delta.seq != p.seq + 1:
             raise self._reader._bad_record(offset, f"delta pass {delta.seq} does not follow pass {p.seq}")
         try:
-            return rebuild(p, delta, self.max_rows)
+            rebuilt = rebuild(p, delta, self.max_rows)
         except DeltaError as exc:
             raise self._reader._bad_record(offset, f"bad delta pass {delta.seq}: {exc}") from None
+        return rebuilt, self._charged(cost, delta, offset, keyframe_at)
 
     def _numbered(self, n: int, record: Record | None) -> Pass:
         offset = self._offsets[n]
@@ -237,9 +239,8 @@ class PassChain:
                     if run >= MAX_KEYFRAME_INTERVAL:
                         raise self._reader._bad_record(offset, f"delta pass {record.seq} is {run} passes after "
                                                        f"its keyframe (at most {MAX_KEYFRAME_INTERVAL - 1})")
-                    rebuilt = self.applied(base, record, offset)
-                    cost = self.charged(cost, record, offset, keyframe_at)
-                    record = base = rebuilt
+                    record, cost = self.applied(base, record, offset, cost, keyframe_at)
+                    base = record
                 except TraceDamagedError:  # reading on past damage: the passes after it wait for a keyframe
                     base = None
                     continue
