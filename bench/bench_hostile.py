@@ -43,6 +43,7 @@ from schedtrace.tracer.contract.errors import SchedtraceError, TraceDamagedError
 from schedtrace.tracer.contract.format import TraceReader, TraceWriter
 from schedtrace.tracer.contract.framing import MARKER_PREFIX, MARKER_SIZE, MIN_RECORD_BYTES, header_seed, marker_bytes
 from schedtrace.tracer.contract.keyframes import cost_allowed
+from schedtrace.tracer.contract.names import BUILT_ROWS_PER_BYTE, SEEK_BYTES
 from schedtrace.tracer.contract.pass_chain import MIN_ROW_BYTES
 from schedtrace.tracer.contract.pass_index import MIN_PASS_BYTES
 from schedtrace.tracer.contract.schema import (TAIL_PREFIX, Arrival, Footer, KvSnapshot, Pass, PassDelta, RunningReq,
@@ -155,6 +156,32 @@ def long_chain(path: Path, rng: random.Random, rows: int | None = None) -> Craft
     return c.done(close=rng.random() < 0.5)
 
 
+def big_pass(path: Path, rng: random.Random) -> Crafted:
+    """A pass record past SEEK_BYTES (a keyframe, or a v1 pass) between honest passes: a seek would decode it all."""
+    version = rng.choice([1, 2])
+    c = Crafter(path, version=version)
+    rows = SEEK_BYTES // 10 + rng.randint(1, 5000)  # some 11 bytes a row ("r12345" and four small ints)
+    c.batch([a_pass(0, running=2)])
+    c.batch([a_pass(1, running=rows)], expect=False)
+    c.batch([Arrival(2, "a", 1, 1), a_pass(2, running=2)])
+    if version == 2:
+        c.batch([a_delta(3, running_runs=[0, 2], running_step=1)], expect=False)
+    return c.done(close=rng.random() < 0.5)
+
+
+def wide_chain(path: Path, rng: random.Random) -> Crafted:
+    """Deltas of many fresh rows each, within the rows their bytes pay for: past SEEK_BYTES of pass records from
+    their keyframe, a seek would decode them all."""
+    c = Crafter(path)
+    rows = rng.randint(4000, 12000)
+    fresh = [RunningReq(f"r{i}", 5, 1, 9) for i in range(rows)]  # some 11 bytes a row
+    c.batch([a_pass(0, running=2)])
+    for seq in range(1, SEEK_BYTES // (rows * 11) + 3):
+        c.batch([a_delta(seq, running_runs=[-1, rows], running_new=fresh)], expect=False)
+    c.batch([a_pass(seq + 1, running=2)])
+    return c.done(close=rng.random() < 0.5)
+
+
 def claimed_loss(path: Path, rng: random.Random) -> Crafted:
     """An unclosed file whose marker after a damaged stretch claims far more records than it could hold."""
     c = Crafter(path)
@@ -233,6 +260,7 @@ def footer_lies(path: Path, rng: random.Random) -> Crafted:
 CRAFTED: dict[str, Callable[[Path, random.Random], Crafted]] = {
     "doubling": doubling, "long-chain": long_chain, "claimed-loss": claimed_loss, "fake-markers": fake_markers,
     "overflow": overflow, "schema-invalid": schema_invalid, "bad-seq": bad_seq, "footer-lies": footer_lies,
+    "big-pass": big_pass, "wide-chain": wide_chain,
 }
 
 
@@ -424,6 +452,83 @@ def _unframed(path: Path) -> Crafted:
 FAMILIES = (*CRAFTED, "swap", "duplicate", "damaged-v1")
 
 
+# --- the slowest seeks the rules allow ---
+
+
+def worst_seeks(folder: Path) -> dict[str, Path]:
+    """Files as slow to seek in as the format allows (SEEK_BYTES of pass records from a keyframe, of rows that
+    encode in MIN_ROW_BYTES), each read by a cold ``pass_at`` of its last pass."""
+    rows = (SEEK_BYTES - 200) // MIN_ROW_BYTES
+    files = {}
+    c = Crafter(folder / "stepped.trace")  # one keyframe, one delta stepping every row: all built anew
+    c.batch([_least(pass_record(0, kv=KvSnapshot(100, 0), waiting=[], running=[_ROW] * rows))])
+    c.batch([a_delta(1, running_runs=[0, rows], running_step=1)])
+    files["a keyframe, then every row stepped"] = c.done(close=True).path
+    c = Crafter(folder / "fresh.trace")  # deltas of fresh rows up to the budget: every byte decoded
+    per = rows // 8
+    c.batch([a_pass(0)])
+    c.batch([_least(a_delta(seq, running_runs=[-1, per], running_new=[_ROW] * per)) for seq in range(1, 8)])
+    files["7 deltas of fresh rows"] = c.done(close=True).path
+    c = Crafter(folder / "chain.trace")  # as many deltas stepping every row as the rebuild budget allows
+    deltas = BUILT_ROWS_PER_BYTE * MIN_ROW_BYTES - 1
+    kept = rows - deltas * 64 // MIN_ROW_BYTES  # room for the deltas' own bytes
+    c.batch([_least(pass_record(0, kv=KvSnapshot(100, 0), waiting=[], running=[_ROW] * kept))])
+    c.batch([a_delta(seq, running_runs=[0, kept], running_step=1) for seq in range(1, deltas + 1)])
+    files[f"{deltas} deltas stepping every row"] = c.done(close=True).path
+    return files
+
+
+_ROW = RunningReq("", 0, 0, 0)
+
+
+def _least(record: object) -> bytes:
+    """``record`` encoded with its running rows in MIN_ROW_BYTES each (ignore_eos left to its default)."""
+    return encode(record).replace(encode(_ROW), encode(_ROW)[:-1].replace(b"\x95", b"\x94", 1))
+
+
+def seek_report(folder: Path, runs: int = 5) -> None:
+    """Each worst file's cold pass_at (the median and slowest of ``runs``), against decoding its records alone."""
+    print(f"\nthe slowest seeks the format allows (SEEK_BYTES {SEEK_BYTES:,}); {runs} runs, each a fresh reader")
+    print(f"{'file':<36} {'bytes':>10} {'passes':>7} {'pass_at':>10} {'slowest':>9} {'decode alone':>20}")
+    for name, path in worst_seeks(folder).items():
+        timings, decodes = [], []
+        for _ in range(runs):
+            with TraceReader(path) as reader:
+                last = reader.pass_count - 1
+                began = time.perf_counter()
+                reader.pass_at(last)
+                timings.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                for _ in reader._raw_records(0):  # noqa: SLF001 - the records as stored, nothing rebuilt
+                    pass
+                decodes.append(time.perf_counter() - began)
+        timings.sort()
+        seek, decode = timings[runs // 2], sorted(decodes)[runs // 2]
+        print(f"{name:<36} {path.stat().st_size:>10,} {last + 1:>7} {seek * 1e3:>8.1f}ms "
+              f"{timings[-1] * 1e3:>7.1f}ms {decode * 1e3:>9.1f}ms ({seek / decode:.1f}x)")
+
+
+def scan_report(folder: Path, size: int = 1 << 20) -> None:
+    """The slowest whole reads per MB found: a gap every 4 bytes (a 1-byte non-record between 3-byte records of an
+    unknown tag), and checked batches of 1-byte non-records; each read with ``skip_damaged`` by a fresh reader."""
+    print(f"\nwhole reads of the slowest files found ({size:,} bytes of damage; open, check, index, every record)")
+    shapes = {"a gap every 4 bytes": [b"\x00", b"\x91\xa1x"] * 1024, "1-byte non-records": [b"\x00"] * 4096}
+    for name, unit in shapes.items():
+        c = Crafter(folder / "scan.trace")
+        c.batch([a_pass(0)])
+        for _ in range(size // sum(map(len, unit))):
+            c.batch(unit, expect=False)
+        c.batch([a_pass(1)])
+        path = c.done().path
+        began = time.perf_counter()
+        with TraceReader(path, skip_damaged=True) as reader:
+            for _ in reader.records():
+                pass
+            gaps = len(reader.gaps)
+        took = time.perf_counter() - began
+        print(f"{name:<22} {gaps:>9,} gaps {took:>7.2f} s, {took / (path.stat().st_size / 1e6):.2f} s/MB", flush=True)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -450,6 +555,8 @@ def main(count: int, seed: str) -> None:
                 crafted.path.unlink()
             print(f"{family:<15} {count:>6} {failed:>7} {biggest:>10,} {check * 1e3:>7.1f}ms {read * 1e3:>7.1f}ms "
                   f"{rows:>9,} {peak_rss_mb():>7.0f}MB", flush=True)
+        seek_report(Path(folder))
+        scan_report(Path(folder))
 
 
 if __name__ == "__main__":

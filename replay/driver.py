@@ -121,7 +121,7 @@ class PassDriver:
         self._config = PublishedConfig(config)
         # Module constants sglang read from the environment at import, as the server had them, and the
         # answers to the settings it reads per request.
-        self._constants = recorded_constants(settings) + per_request_envs()
+        self._constants = recorded_constants(settings) + per_request_envs(settings)
         layout = header.pools
         if family == MAMBA:
             self.req_slots = RecordedHybridReqSlots(slots, layout.mamba_size or 0)

@@ -5,9 +5,9 @@ recorded lengths (``TokenSource``). Building a real ``Req`` (~30 us)
 dominates a pass, so ``ReqCache`` reuses Reqs across passes where sglang
 itself keeps the same object alive:
 
-* running requests are only read before admission ends; one Req per
-  (rid, input_len, max_new_tokens, ignore_eos) gets the pass's output
-  length set in place;
+* running requests are only read before admission ends; one Req per rid
+  (rebuilt if its input_len, max_new_tokens or ignore_eos differ) gets the
+  pass's output length set in place, decode's one token a pass appended;
 * a waiting request lives in the real queue across passes and every pass
   re-derives its admission state (``init_next_round_input``), so a Req
   built for an identical row is reused until a pass admits it (or the
@@ -127,6 +127,11 @@ class TokenSource:
     vocab: int = 30000
     ids: dict[str, int] = field(default_factory=dict)
     book: ArrivalBook = field(default_factory=lambda: ArrivalBook(0))
+    # (rid, n) -> (the prefix ids they were made from, the tokens): a Req is rebuilt each time a pass
+    # admits it, and its prompt is the same each time; bounded by the tokens held.
+    _inputs: dict[tuple[str, int], tuple[bytes, array]] = field(default_factory=dict, repr=False)
+    _inputs_held: int = 0
+    INPUT_TOKENS_HELD: ClassVar[int] = 1 << 22  # 32 MiB of int64 tokens
 
     def token_for(self, rid: str) -> int:
         token = self.ids.get(rid)
@@ -138,12 +143,25 @@ class TokenSource:
         return array("q", [self.token_for(rid)]) * n
 
     def input_tokens(self, rid: str, n: int) -> array:
-        """The ``n`` input tokens of ``rid``: its prefix blocks' values, then its own value."""
-        book = self.book
-        data = book.prefix_ids(rid)
+        """The ``n`` input tokens of ``rid``: its prefix blocks' values, then its own value (a copy
+        of its own: sglang may change a Req's)."""
+        data = self.book.prefix_ids(rid)
         if not data:
             return self.tokens(rid, n)
-        block = book.block
+        made = self._inputs.get((rid, n))
+        if made is not None and made[0] is data:
+            return made[1][:]
+        out = self._build_input(rid, n, data)
+        if n <= self.INPUT_TOKENS_HELD:
+            if self._inputs_held + n > self.INPUT_TOKENS_HELD:
+                self._inputs.clear()
+                self._inputs_held = 0
+            self._inputs[rid, n] = (data, out)
+            self._inputs_held += n
+        return out[:]
+
+    def _build_input(self, rid: str, n: int, data: bytes) -> array:
+        block = self.book.block
         used = data[: -(-n // block) * PREFIX_ID_BYTES]
         used += bytes(-len(used) % PREFIX_ID_BYTES)  # a torn last id reads as its bytes, zero-padded
         # Each id's first 7 bytes, little-endian, past vocab, repeated over its block: vectorised,
@@ -221,7 +239,7 @@ class ReqCache:
 
     def reset(self) -> None:
         self.tokens = TokenSource(book=self.book)
-        self._running: dict[tuple, Req] = {}
+        self._running: dict[str, tuple[tuple, Req]] = {}  # rid -> (the row's fixed fields, its Req)
         self._waiting: dict[tuple, Req] = {}
 
     def running_reqs(self, p: Pass) -> list[Req]:
@@ -235,17 +253,21 @@ class ReqCache:
         return [self._waiting_req(w, n) for n, w in enumerate(p.waiting)]
 
     def _running_req(self, r: RunningReq) -> Req:
-        key = (r.rid, r.input_len, r.max_new_tokens, r.ignore_eos)
-        req = self._running.get(key)
-        if req is None:
-            req = self._running[key] = running_req(self.tokens, r)
-        else:
-            output = req.output_ids  # decode grew it since the last pass: resize in place
-            have = len(output)
-            if have < r.output_len:
-                output.extend(self.tokens.tokens(r.rid, r.output_len - have))
-            elif have > r.output_len:
-                del output[r.output_len :]
+        fixed = (r.input_len, r.max_new_tokens, r.ignore_eos)
+        entry = self._running.get(r.rid)
+        if entry is None or entry[0] != fixed:
+            req = running_req(self.tokens, r)
+            self._running[r.rid] = (fixed, req)
+            return req
+        req = entry[1]
+        output = req.output_ids  # decode grew it since the last pass: resize in place
+        grow = r.output_len - len(output)
+        if grow == 1:  # most passes: one decoded token
+            output.append(self.tokens.token_for(r.rid))
+        elif grow > 1:
+            output.extend(self.tokens.tokens(r.rid, grow))
+        elif grow < 0:
+            del output[r.output_len :]
         return req
 
     def _waiting_req(self, w: WaitingReq, order: int) -> Req:
@@ -259,8 +281,7 @@ class ReqCache:
 
     def drop_running(self, rid: str) -> None:
         """Forget the running Req of ``rid`` (preemption reset it)."""
-        for key in [k for k in self._running if k[0] == rid]:
-            del self._running[key]
+        self._running.pop(rid, None)
 
     def release(self, p: Pass, waiting: list[Req] | None, admitted_reqs: list[Any] | None) -> None:
         """Drop every Req this pass changed beyond re-derivable state (``waiting``: the pass's

@@ -22,13 +22,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import operator
 from collections.abc import Iterator
 from typing import Any, Final
 
-from schedtrace.tracer.analysis.settings import ASSUMED, MODULE_SETTINGS
+from schedtrace.tracer.analysis.settings import MODULE_SETTINGS, PER_REQUEST_ENVS
 
-# Environment settings sglang reads per request inside a pass (``per_request_envs``).
-PER_REQUEST_ENVS: Final = ("SGLANG_RADIX_FORCE_MISS", "SGLANG_ENABLE_WAITING_PREFIX_REFRESH")
 _INHERITED: Final = object()  # an attribute the owner's class gives, not the owner
 
 
@@ -52,6 +51,7 @@ class PublishedConfig:
     """
 
     _SLOTS = ("_server_args", "_config_bags", "_overrides_log", "_publish_role")
+    _read_slots = staticmethod(operator.attrgetter(*_SLOTS))  # one C call, not a generator per pass
 
     def __init__(self, fields: dict[str, Any]) -> None:
         from sglang.srt.runtime_context import get_context
@@ -62,7 +62,7 @@ class PublishedConfig:
 
     def _capture(self) -> tuple:
         ctx = self._context
-        return tuple(getattr(ctx, s) for s in self._SLOTS) + (ctx.parallel._config,)
+        return (*self._read_slots(ctx), ctx.parallel._config)
 
     def swap_in(self) -> tuple:
         """Install the trace's config; returns what to give ``swap_out``."""
@@ -101,13 +101,13 @@ def recorded_constants(settings: dict[str, Any]) -> list[tuple[Any, str, Any]]:
     return out
 
 
-def per_request_envs() -> list[tuple[Any, str, Any]]:
-    """(env field, "get", a getter of the value replay runs under) for each setting in ``PER_REQUEST_ENVS``.
+def per_request_envs(settings: dict[str, Any]) -> list[tuple[Any, str, Any]]:
+    """(env field, "get", a getter of the recorded value) for each setting in ``PER_REQUEST_ENVS``.
 
     sglang reads these on every request of a pass (``envs.NAME.get()``, an ``os.getenv`` each: a fifth of
     an lpm pass over a long queue); the answer is fixed for a replay, so it is given without the look-up:
-    the value ``ASSUMED`` says replay models (``unreplayed`` warns of another recorded), else this
-    process's, read once, as the pass read it before (the others are decision-neutral: settings.py).
+    the value the server recorded, else (a trace from before settings were recorded) sglang's default,
+    never this process's environment.
     """
     from sglang.srt.environ import envs
 
@@ -116,7 +116,7 @@ def per_request_envs() -> list[tuple[Any, str, Any]]:
         field = getattr(envs, name, None)
         if field is None:
             continue
-        value = ASSUMED[name] if name in ASSUMED else field.get()
+        value = settings[name] if name in settings else field._resolve_default()
         out.append((field, "get", functools.partial(_answer, value)))
     return out
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from schedtrace.replay.loop.arm_tree import ArmTree, MatchHistory
-from schedtrace.replay.loop.input import load_input, scan_trace
+from schedtrace.replay.loop.input import load_input
+from schedtrace.replay.loop.scan import scan_trace
 from schedtrace.replay.loop.run import closed_loop_report, run_arms
 from schedtrace.replay.loop.state import LoopReq, LoopState
 from schedtrace.replay.loop.tree_share import common_tokens
@@ -139,4 +140,5 @@ def test_the_report_says_where_the_cache_hits_came_from() -> None:
     samples = Path(__file__).parent.parent / "traces"
     assert run_closed_loop(DFS_WEIGHT, ["stock"]).prefix_matches == "arm-tree"
     assert run_closed_loop(samples / "hybrid-swa-gptoss.trace", ["stock"]).prefix_matches == "recorded"
-    assert run_closed_loop(samples / "kv-pressure-fcfs.trace", ["stock"]).prefix_matches == "recorded"  # no ids
+    no_ids = Path(__file__).parent / "traces" / "v1-kv-pressure-fcfs.trace"  # recorded before prefix ids
+    assert run_closed_loop(no_ids, ["stock"]).prefix_matches == "recorded"

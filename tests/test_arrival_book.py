@@ -57,3 +57,22 @@ def test_input_tokens_are_each_blocks_id_value_then_the_requests_own(block: int,
         want = [v for v in values for _ in range(block)][:n]
         got = source.input_tokens("a", n)
         assert list(got) == want + [source.token_for("a")] * (n - len(want)) and got.typecode == "q"
+
+
+def test_a_rebuilt_prompt_is_the_first_builds_and_a_copy_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Req is rebuilt each time a pass admits it: its prompt comes from a cache, as a copy, and a
+    request noted again with other ids (a new arrival) gets tokens from those."""
+    book = ArrivalBook(16)
+    book.note(_arrival("a", input_len=40, ids=bytes(range(24))))
+    source = TokenSource(book=book)
+    first = source.input_tokens("a", 40)
+    first[0] = -1  # sglang changing one Req's tokens
+    again = source.input_tokens("a", 40)
+    assert list(again) == list(TokenSource(book=book).input_tokens("a", 40)) and again[0] != -1
+    book.note(_arrival("a", input_len=40, ids=bytes(range(100, 124))))
+    assert list(source.input_tokens("a", 40)) == list(TokenSource(book=book).input_tokens("a", 40)) != list(again)
+    monkeypatch.setattr(TokenSource, "INPUT_TOKENS_HELD", 50)  # past the bound, the cache starts over
+    for rid in ("b", "c", "d"):
+        book.note(_arrival(rid, input_len=40, ids=bytes(range(24))))
+        source.input_tokens(rid, 40)
+    assert source._inputs_held <= 50

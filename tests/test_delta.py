@@ -24,6 +24,7 @@ from schedtrace.tracer.contract.format import FileOps, TraceReader, TraceWriter
 from schedtrace.tracer.contract.frames import frame_end
 from schedtrace.tracer.contract.keyframes import (DEFAULT_BYTES_RATIO, DEFAULT_WALK_BYTES, MAX_KEYFRAME_INTERVAL,
                                                   KeyframePolicy)
+from schedtrace.tracer.contract.names import LOSS_PASS_TOO_LARGE, SEEK_BYTES
 from schedtrace.tracer.contract.schema import (
     Admitted,
     Alloc,
@@ -43,7 +44,7 @@ from schedtrace.tracer.contract.schema import (
 from schedtrace.tracer.contract.traceset import open_traceset
 
 SAMPLES = sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.trace"))
-FCFS_SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-fcfs.trace"  # a v1 recording
+FCFS_SAMPLE = Path(__file__).resolve().parent / "traces" / "v1-kv-pressure-fcfs.trace"  # a v1 recording
 
 
 # --- a scheduler-like stream of passes ------------------------------------------------------------
@@ -476,7 +477,7 @@ def test_convert_to_version_1_and_back_says_which_way_the_size_went(tmp_path: Pa
     from schedtrace.cli import run
     from schedtrace.cli.convert import size_change
 
-    kimi = FCFS_SAMPLE.parent / "hybrid-mamba-kimi.trace"  # recorded as v2
+    kimi = SAMPLES[0].parent / "hybrid-mamba-kimi.trace"  # recorded as v2
     v1, v2 = tmp_path / "v1.trace", tmp_path / "v2.trace"
     assert run(["convert", str(kimi), str(v1), "--to-version", "1"]) == 0
     said = capfd.readouterr().out
@@ -491,3 +492,64 @@ def test_convert_to_version_1_and_back_says_which_way_the_size_went(tmp_path: Pa
     assert run(["convert", str(kimi), str(tmp_path / "v3.trace"), "--to-version", "3"]) == 2
     assert "--to-version" in capfd.readouterr().err
     assert [size_change(100, n) for n in (25, 100, 360)] == ["4.0x smaller", "the same size", "3.6x larger"]
+
+
+# --- the seek budget (names.SEEK_BYTES) ---------------------------------------------------------------------------
+
+
+def queue_of(rows: int, tag: str) -> list[WaitingReq]:
+    return [WaitingReq(f"{tag}-{i:06d}-0123456789abcdef", 100, 0, 16, 0) for i in range(rows)]  # ~45 B, as recorded
+
+
+def pass_sizes(path: Path) -> list[tuple[str, int]]:
+    """(tag, bytes) of every pass record as stored."""
+    with TraceReader(path) as reader:
+        data, end = reader._mm, reader.data_end  # noqa: SLF001
+        return [(peek_tag(data[o : o + 16]), frame_end(data, o, end, 1 << 30) - o) for o in reader.pass_offsets]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_pass_too_large_to_write_whole_is_a_loss_and_the_passes_after_it_are_numbered_on(
+        tmp_path: Path, version: int) -> None:
+    huge = builders.pass_record(1, waiting=queue_of(SEEK_BYTES // 30, "w"))  # past SEEK_BYTES whole
+    later = builders.pass_record(2, waiting=queue_of(3, "w"))
+    records = [builders.pass_record(0), Arrival(1, "a", 10, 5), huge, Alloc(2, 1, "alloc", 8, 100, 0, False),
+               Arrival(3, "b", 10, 5), later, Alloc(4, 2, "alloc", 8, 100, 0, True)]
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, builders.header(), version=version)
+    writer.write_many(records)
+    assert writer.left_out == [huge, records[3]]  # the pass and its event
+    writer.close(9)
+    with TraceReader(path) as reader:
+        assert reader.closed_cleanly and reader.pass_count == 2
+        got = [r for _, r in reader.records()]
+        assert [type(r).__name__ for r in got[1:]] == ["Pass", "Arrival", "Loss", "Arrival", "Pass", "Alloc"]
+        loss = got[3]
+        assert (loss.reason, loss.count) == (LOSS_PASS_TOO_LARGE, 2)
+        assert got[5].seq == 1 and got[5].waiting == later.waiting  # numbered on from the file's passes
+        assert got[6].pass_seq == 1 and got[6].ok
+    assert all(size <= SEEK_BYTES for _, size in pass_sizes(path))
+
+
+def test_the_writer_writes_a_keyframe_before_a_chain_passes_the_seek_budget(tmp_path: Path) -> None:
+    """Every pass's queue is new (a delta of fresh rows some 45 KB each): the ratio and walk rules would let deltas
+    pile up behind a large keyframe; the seek budget cuts each chain at SEEK_BYTES of pass records."""
+    passes = [builders.pass_record(seq, waiting=queue_of(1000 + seq, f"q{seq}")) for seq in range(60)]
+    path = tmp_path / "t.trace"
+    policy = KeyframePolicy(bytes_ratio=1e9, walk_bytes=1 << 40)  # only the seek budget and the interval
+    writer = TraceWriter(path, builders.header(), keyframes=policy)
+    writer.write_many(passes)
+    writer.close(1)
+    sizes = pass_sizes(path)
+    chains, chain = [], 0
+    for tag, size in sizes:
+        if tag == "pass" and chain:
+            chains.append(chain)
+            chain = 0
+        chain += size
+    chains.append(chain)
+    assert len(chains) > 1 and max(chains) <= SEEK_BYTES  # cut, and every cut within the budget
+    assert sum(tag == "delta" for tag, _ in sizes) > len(chains)  # deltas still written between
+    with TraceReader(path) as reader:
+        assert list(reader.passes()) == passes
+        assert reader.pass_at(59) == passes[59]

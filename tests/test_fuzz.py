@@ -50,7 +50,7 @@ from schedtrace.tracer.contract.schema import Pass
 from schedtrace.testing.synthetic import generate
 
 ROOT = Path(__file__).resolve().parent.parent
-FCFS = ROOT / "traces" / "kv-pressure-fcfs.trace"  # v1 samples: the fuzz sources
+FCFS = ROOT / "tests" / "traces" / "v1-kv-pressure-fcfs.trace"  # v1 recordings: the fuzz sources
 LPM = ROOT / "traces" / "kv-pressure-lpm-24k.trace"
 CASES_PER_BASE = int(os.environ.get("FUZZ_CASES", "40"))  # more for a longer hunt: FUZZ_CASES=2000
 SEED = os.environ.get("FUZZ_SEED", "")  # another seed, another set of cases

@@ -24,16 +24,18 @@ from bench.bench_hostile import (
     Crafter,
     a_delta,
     a_pass,
+    big_pass,
     cases,
     claimed_loss,
     long_chain,
     read_contract,
+    wide_chain,
 )
 from schedtrace.cli import run
 from schedtrace.tracer.contract.convert import convert_trace
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.names import BUILT_ROWS_PER_BYTE
+from schedtrace.tracer.contract.names import BUILT_ROWS_PER_BYTE, SEEK_BYTES
 from schedtrace.tracer.contract.reader import UNKNOWN_TAGS
 from schedtrace.tracer.contract.schema import Arrival, Pass
 
@@ -167,6 +169,37 @@ def test_deltas_that_step_more_rows_than_their_bytes_pay_for_are_refused_and_the
         assert reader.pass_at(len(passes) - 1) == passes[-1]
 
 
+@pytest.mark.parametrize("case", range(4))  # v1 and v2, closed or not
+def test_a_pass_record_past_the_seek_budget_is_a_gap_of_one_record_never_decoded(tmp_path: Path, case: int) -> None:
+    path = big_pass(tmp_path / "t.trace", random.Random(case)).path
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="more than a pass may hold") as caught:
+        list(reader.records())
+    assert caught.value.offset > 0
+    with TraceReader(path, skip_damaged=True) as reader:
+        passes = list(reader.passes())
+        (gap,) = reader.gaps
+        assert [p.seq for p in passes] == [0, *range(2, reader.pass_count)]  # the passes after it stand alone
+        assert (gap.lost, gap.orphans) == (1, 0) and gap.end - gap.start > SEEK_BYTES
+        assert all(len(p.running) <= 2 for p in passes)
+
+
+def test_deltas_past_the_seek_budget_lose_the_passes_after_them_to_the_next_keyframe(tmp_path: Path) -> None:
+    """Each delta holds thousands of fresh rows, within what its bytes pay for: a seek to the last of them would
+    decode every one. The delta that takes the chain past SEEK_BYTES is damaged; the rest wait for a keyframe."""
+    path = wide_chain(tmp_path / "t.trace", random.Random(2)).path
+    with TraceReader(path) as reader, pytest.raises(TraceFormatError, match="makes a seek decode"):
+        reader.pass_at(reader.pass_count - 2)
+    with TraceReader(path, skip_damaged=True) as reader:
+        passes = list(reader.passes())
+        (gap,) = reader.gaps
+        assert len(passes) + gap.lost + gap.orphans == reader.pass_count
+        assert passes[-1].seq == reader.pass_count - 1 and passes[-1].running == a_pass(0, running=2).running
+    with TraceReader(path, skip_damaged=True) as reader:  # cold, by the walk: the same budget
+        with pytest.raises(TraceDamagedError):
+            reader.pass_at(reader.pass_count - 2)
+        assert reader.pass_at(reader.pass_count - 1) == passes[-1]
+
+
 def test_a_swapped_pair_of_batches_costs_only_what_the_two_gaps_hold(tmp_path: Path) -> None:
     """The footer still checks out but its index is stale: read past damage, the file is indexed by a walk."""
     for name, crafted in cases("swap", 12, tmp_path):
@@ -250,5 +283,35 @@ def test_the_reading_limits_are_named_once_in_names_py() -> None:
 
     for module, limit in [(codec, "MAX_RECORD_BYTES"), (framing, "MAX_BATCH_BYTES"), (framing, "MIN_RECORD_BYTES"),
                           (framing, "SPLIT_BYTES"), (pass_index, "MIN_PASS_BYTES"), (pass_chain, "MIN_ROW_BYTES"),
-                          (keyframes, "MAX_KEYFRAME_INTERVAL"), (reader, "UNKNOWN_TAGS"), (verify, "HASH_BUDGET")]:
+                          (keyframes, "MAX_KEYFRAME_INTERVAL"), (reader, "UNKNOWN_TAGS"), (verify, "HASH_BUDGET"),
+                          (reader, "SEEK_BYTES"), (pass_chain, "SEEK_BYTES"), (keyframes, "SEEK_BYTES")]:
         assert getattr(module, limit) is getattr(names, limit), limit
+
+
+def test_the_gaps_holding_passes_are_the_same_looked_up_from_the_gaps_or_from_the_passes() -> None:
+    """pass_chain.gaps_holding walks the fewer of the two (a file can hold a gap every 4 bytes); either way it
+    must name every gap that holds a pass, with its first pass and the one after its last."""
+    from array import array
+
+    from schedtrace.tracer.contract.framing import Gap
+    from schedtrace.tracer.contract.pass_chain import gaps_holding
+
+    def every_pair(gaps: list[Gap], offsets: array) -> list[tuple[int, int, int]]:
+        out = []
+        for i, gap in enumerate(gaps):
+            inside = [n for n, o in enumerate(offsets) if gap.start <= o < max(gap.end, gap.start + 1)]
+            if inside:
+                out.append((i, inside[0], inside[-1] + 1))
+        return out
+
+    rng = random.Random(5)
+    walks = set()
+    for _ in range(200):
+        bounds = sorted(rng.sample(range(1, 2000), rng.randrange(2, 60)))
+        gaps = [Gap(start=a, end=a + rng.choice([0, 1, 5, b - a]), lost=1, reason="x")
+                for a, b in zip(bounds[::2], bounds[1::2])]  # disjoint, some of no bytes
+        offsets = array("Q", sorted(rng.sample(range(2000), rng.randrange(0, 120))))
+        for some in (offsets, offsets[: len(gaps) // 2]):  # more passes than gaps, then fewer
+            walks.add(len(gaps) <= len(some))
+            assert gaps_holding(gaps, some) == every_pair(gaps, some)
+    assert walks == {True, False}

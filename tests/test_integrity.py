@@ -34,9 +34,9 @@ from schedtrace.tracer.contract.report_check import check_report
 from schedtrace.tracer.contract.schema import RECORD_TYPES, TAIL_PREFIX, TAIL_SIZE, Arrival, Finish, Footer, KvSnapshot, Pass
 from schedtrace.testing.synthetic import generate
 
-# The shipped samples written before framing (traces/README.md: the others are framed v2).
-SAMPLES = [p for p in sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.trace"))
-           if p.name.startswith("kv-pressure-")]
+# The recordings written before framing: one shipped sample and the first fcfs one (traces/README.md).
+SAMPLES = [Path(__file__).resolve().parent.parent / "traces" / "kv-pressure-lpm-24k.trace",
+           Path(__file__).resolve().parent / "traces" / "v1-kv-pressure-fcfs.trace"]
 
 
 def a_pass(seq: int, rid_len: int = 8) -> Pass:

@@ -21,6 +21,8 @@ from schedtrace.tracer.contract.schema import Admitted
 ROOT = Path(__file__).parent.parent
 DFS_WEIGHT = ROOT / "tests" / "traces" / "dfs-weight-branch-order.trace"
 PRIORITY_PREEMPT = ROOT / "traces" / "priority-preempt-fcfs.trace"
+MAMBA_RETRACT = ROOT / "tests" / "traces" / "mamba-retract-then-preempt.trace"
+EVICTED_FORK = ROOT / "tests" / "traces" / "mamba-priority-evicted-fork.trace"
 
 
 def _running(rid: str, input_len: int, output_len: int, ids: bytes = b"") -> LoopReq:
@@ -67,13 +69,32 @@ def test_two_running_prompts_of_one_family_hold_their_shared_pages_once() -> Non
     assert (landing.tree_len, landing.tree_landing, landing.kv_held, landing.kv_shared) == (0, 640, 640, 0)
 
 
+def test_a_family_member_gone_before_the_start_says_where_its_prompts_part() -> None:
+    key, shared = bytes(32), list(range(600))
+    ids = {rid: prefix_ids(key, shared + list(range(base, base + 80)), 16)
+           for rid, base in (("a", 1000), ("b", 2000), ("gone", 3000))}
+    first, second = _running("a", 680, 5, ids["a"]), _running("b", 680, 3, ids["b"])
+    history = MatchHistory([(-40, "gone", 600, None)])
+    settle_start(_state([first, second]), page_size=1, block=16, history=history, prompts=ids)
+    assert (second.kv_shared, second.lender) == (600, "a")
+    first, second = _running("a", 680, 5, ids["a"]), _running("b", 680, 3, ids["b"])
+    settle_start(_state([first, second]), page_size=1, block=16, history=history)  # the state's own only
+    assert (second.kv_shared, second.lender) == (592, "a")
+
+
 @pytest.mark.parametrize(("trace", "from_pass"), [
     # Each pass raised before a running row took its arrival's priority; without the outputs in flight
     # 3.3% p90
     (PRIORITY_PREEMPT, 79),
     (PRIORITY_PREEMPT, 31),  # without the queue entry times of the requeues before the start: 6.7% p90
     (DFS_WEIGHT, 211),  # 9.5% p90
+    # Its families' branches ranked by first arrival, not by the order their first prefills entered the
+    # tree (a new chunk before its pass's whole prefills, under overlap): 5.7% / 12.9%
+    (DFS_WEIGHT, 84),
     (DFS_WEIGHT, 40),  # without the shared prompts held once as well: 48% / 93%
+    # Two running prompts of one family part inside a block, and neither's match says where: a
+    # member that finished before the start matched 600 (with the ids' 592 alone: 65% / 94%)
+    (DFS_WEIGHT, 140),
 ])
 def test_a_closed_loop_from_mid_trace_reproduces_the_recording(trace: Path, from_pass: int) -> None:
     loop = run_closed_loop(trace, ["stock"], from_pass=from_pass)
@@ -82,6 +103,33 @@ def test_a_closed_loop_from_mid_trace_reproduces_the_recording(trace: Path, from
     assert check.loop_queue_peak == check.recorded_queue_peak, check
     assert check.requests >= 10 and (check.recorded_only, check.loop_only) == (0, 0), check
     assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
+
+
+@pytest.mark.parametrize(("trace", "from_pass", "rid", "prefix"), [
+    # Its last prefill filled its prompt, whose forked mamba state the tree kept: it matches all of it
+    # at pass 61 (the loop re-matched nothing, 25% p90)
+    (MAMBA_RETRACT, 60, "mamba-priority-w2f0m1", 924),
+    # Its match shrinks to what a candidate row after its requeue shows (the tree had evicted its
+    # fork), not to one from before that requeue (its first admission's family match: 64% p90)
+    (EVICTED_FORK, 120, "mamba-priority-w1f1m2", 0),
+])
+def test_a_request_waiting_requeued_at_the_start_matches_its_own_last_fill(
+        trace: Path, from_pass: int, rid: str, prefix: int) -> None:
+    run = run_arms(trace, ["stock"], from_pass=from_pass)["stock"]
+    assert next(a.prefix_len for p in run.passes for a in p.admitted if a.rid == rid) == prefix
+    check = run_closed_loop(trace, ["stock"], from_pass=from_pass).self_check
+    assert check.requests >= 5 and (check.recorded_only, check.loop_only) == (0, 0), check
+    assert (check.wait_error_p50, check.wait_error_p90) == (0.0, 0.0), check
+
+
+def test_a_request_requeued_before_the_start_holds_the_outputs_it_refilled_in_the_tree() -> None:
+    """``dfs-weight-w1f1m2`` was retracted at one output before pass 84 and prefilled that output
+    again with its prompt (846 + 1 tokens into the tree); retracted again, it matches all 847 at pass
+    88, as recorded. Counting the prompt alone, the loop matched 846 and held a token too few."""
+    run = run_arms(DFS_WEIGHT, ["stock"], from_pass=84)["stock"]
+    at_88 = next(p for p in run.passes if p.seq == 88)
+    row = next(w for w in at_88.waiting if w.rid == "dfs-weight-w1f1m2")
+    assert (row.output_len, row.prefix_len) == (6, 847)
 
 
 def test_an_arms_closed_loop_does_not_depend_on_the_arms_before_it() -> None:

@@ -503,3 +503,27 @@ def test_overlap_a_client_aborted_request_decodes_once_more_before_it_leaves(by_
     assert result.finished == ["a"] and after.running == []
     assert after.forward_ct == (8 if by_abort else 7)
     assert after.free + after.evictable == 1000 + done.kv_held  # its decode token given back with it
+
+
+def test_idle_records_mark_the_clock_only_where_events_follow_them() -> None:
+    """A decode tail past the last pass record: each idle count the recorder writes before an event is a
+    clock point at the latest event of that pass (the requests finishing together stay together); a count
+    written before a pass record, or at close, is none."""
+    from schedtrace.replay.loop.clock import IdleMarks
+    from schedtrace.testing.builders import pass_record
+    from schedtrace.tracer.contract.schema import Alloc, Clock, Finish, Idle
+
+    marks = IdleMarks()
+    stream = [(pass_record(0, t_ns=100), None), (Idle(150, 3), 4),  # before a pass record: no point
+              (pass_record(1, t_ns=160), None), (Idle(200, 1), 6), (Finish(200, "a", 5, "length"), None),
+              (Clock(250, 9), None), (Finish(260, "b", 5, "length"), None),  # one pass, whatever the clock says
+              (Idle(300, 1), 7), (Alloc(310, 1, "alloc_decode", 1, 10, 0, True), None),
+              (Idle(9_000, 8), 15)]  # at close
+    for record, next_pass in stream:
+        marks.see(record)
+        if next_pass is not None:
+            marks.idle(next_pass, record.t_ns)
+    assert marks.points == [(5, 199), (6, 260), (6, 309), (7, 310)]
+    clock = PassClock(sorted([(0, 100), (4, 160)] + marks.points))
+    assert clock.iteration_at(200) == clock.iteration_at(260) == 6  # a and b finished in pass 5: pass 6 is next
+    assert clock.iteration_at(310) == 7

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from schedtrace.replay.driver import PassDriver
-from schedtrace.replay.loop.tree_order import BlockAges
+from schedtrace.replay.loop.tree_order import BlockAges, first_inserts
 from schedtrace.testing import builders
 from schedtrace.tracer.contract.order import OrderError, in_order, order_indexes, order_runs
 from schedtrace.tracer.contract.prefix_ids import PREFIX_ID_BYTES, block_tokens, id_count, keyed_id, prefix_ids, split_ids
@@ -235,3 +235,17 @@ def test_an_arms_tree_ages_a_branch_by_the_prefill_that_inserted_it_not_the_firs
                          evictable=0, req_slots_free=8)
     by_arrival = base.for_arm(at_start)  # the same tree, already there at the start: arrival ranks
     assert in_order([w.rid for w in waiting], by_arrival.queue_order(waiting)) == ["f1m1", "f0m1"]
+
+    # The recording says which prefilled first: the ages at the start follow it, not the arrivals.
+    inserted = first_inserts({"f0m0": (3, False, 0), "f1m0": (5, False, 0)}, overlap=False)
+    by_prefill = BlockAges(BLOCK, arrivals, inserted).for_arm(at_start)
+    assert in_order([w.rid for w in waiting], by_prefill.queue_order(waiting)) == ["f0m1", "f1m1"]
+
+
+def test_a_passs_new_chunk_enters_the_tree_before_its_whole_prefills_only_under_overlap() -> None:
+    """The next pass stashes a new chunk at its start; a whole prefill's result is processed at the
+    pass's end, or, under the overlap scheduler, during the next pass after that stash."""
+    firsts = {"whole": (7, False, 0), "chunk": (7, True, 1), "earlier": (6, True, 0)}
+    for overlap, expected in ((False, ["earlier", "whole", "chunk"]), (True, ["earlier", "chunk", "whole"])):
+        keys = first_inserts(firsts, overlap)
+        assert sorted(firsts, key=keys.__getitem__) == expected

@@ -29,8 +29,10 @@ from schedtrace.tracer.contract.format import FileOps, TraceReader, encode
 from schedtrace.tracer.contract.names import (
     CONTROL_FILE_ENV,
     DIR_ENV,
+    LOSS_PASS_TOO_LARGE,
     LOSS_PAUSED,
     LOSS_RING,
+    SEEK_BYTES,
     LOSS_WRITE_ERROR,
 )
 from schedtrace.tracer.contract.schema import (Alloc, Arrival, Clock, Finish, KvSnapshot, Loss, Pass, RunningReq,
@@ -388,6 +390,34 @@ def test_the_ring_keeps_v2_and_a_window_decodes_to_the_records_it_kept(tmp_path:
     assert isinstance(loss, Loss) and loss.reason == LOSS_RING and loss.count > 0
     assert unnumbered(window) == unnumbered(submitted[loss.count:])  # every record kept, passes rebuilt exactly
     assert sum(len(encode(r)) for r in window) > 4 * ring_bytes  # v1 records: a v1 ring held a quarter of it
+
+
+@pytest.mark.parametrize("mode", ["file", "ring"])
+def test_a_pass_too_large_for_any_file_is_a_counted_loss_and_the_passes_after_it_number_on(
+        tmp_path: Path, mode: str, capsys: pytest.CaptureFixture) -> None:
+    """A queue of some 20,000 requests makes one pass past SEEK_BYTES whole: the file holds a Loss in its place
+    (with its Alloc), the footer counts it, and the passes after it carry on the numbering, in either mode."""
+    policy = WriterPolicy(ring_bytes=8 << 20) if mode == "ring" else WriterPolicy()
+    writer = manual_writer(tmp_path, mode, policy=policy)
+    huge = pass_record(0, waiting=[WaitingReq(f"{i:032x}", 100, 0, 10, 0) for i in range(SEEK_BYTES // 30)],
+                       kv=KvSnapshot(available=0, evictable=0))
+    for record in [a_pass("before"), huge, Alloc(5, -1, "alloc", 10, 5, 0, True), Arrival(6, "a", 10, 5),
+                   a_pass("after"), Alloc(7, -1, "alloc", 10, 5, 0, mode != "ring")]:  # ring: a failure triggers
+        writer.submit(record)
+    writer.drain()
+    writer.close()
+    (path,) = writer.paths
+    records = records_of(path)  # ring: the window, nothing fell off its old end
+    assert [type(r).__name__ for r in records] == ["Pass", "Loss", "Arrival", "Pass", "Alloc"]
+    assert (records[1].reason, records[1].count) == (LOSS_PASS_TOO_LARGE, 2)
+    assert [r.seq for r in records if isinstance(r, Pass)] == [0, 1]
+    assert records[3].waiting[0].rid == "after" and records[4].pass_seq == 1
+    with TraceReader(path) as reader:
+        assert reader.footer.counts["lost"] == 2
+    from schedtrace.cli import run
+
+    assert run(["info", str(path)]) == 0
+    assert "2 records lost after pass 0 (pass_too_large: a pass too large to write" in capsys.readouterr().out
 
 
 def stalled_pass(n: int, error: str | None = None) -> Pass:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import generate, log_size
 
+from schedtrace.testing.matrix import CONFIGS, MatrixRecording, server_for
 from schedtrace.tracer.contract.errors import UsageError
-from schedtrace.tracer.contract.names import START_METHOD_ENV
+from schedtrace.tracer.contract.names import SGLANG_RADIX_FORCE_MISS, START_METHOD_ENV
 from schedtrace.tracer.sandbox.assets.make_tiny_model import VOCAB_SIZE, WIDE_VOCAB_SIZE
 from schedtrace.tracer.sandbox.models import MODELS, model
 from schedtrace.tracer.sandbox.server import THREADS_BIND_ENV, SandboxServer, rank_args, threads_bind
@@ -124,6 +125,17 @@ def test_ranks_choose_their_flags_stand_ins_and_cores() -> None:
     assert THREADS_BIND_ENV not in SandboxServer().environment({})
     assert SandboxServer().environment({})["OMP_NUM_THREADS"] == "1"  # one thread, unless told
     assert SandboxServer().environment({"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_matrix_server_starts_from_the_recordings_environment_not_a_tests_patch(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The matrix records beside the tests: a setting one test patches into ``os.environ`` meanwhile
+    stays out of the server it starts (a test's SGLANG_RADIX_FORCE_MISS once made a recording miss
+    every prefix: tests/traces/README.md)."""
+    recording = MatrixRecording(tmp_path, CONFIGS[:1])
+    monkeypatch.setenv(SGLANG_RADIX_FORCE_MISS, "1")
+    assert SGLANG_RADIX_FORCE_MISS not in server_for(CONFIGS[0], tmp_path, recording.base_env).environment()
+    assert server_for(CONFIGS[0], tmp_path).environment()[SGLANG_RADIX_FORCE_MISS] == "1"  # by default, inherited
 
 
 def test_overload_and_model_flags_come_before_the_callers(tmp_path: Path) -> None:

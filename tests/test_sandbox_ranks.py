@@ -24,7 +24,8 @@ import pytest
 from conftest import generate
 
 from schedtrace.cli import run
-from schedtrace.replay.loop.input import load_input, scan_trace
+from schedtrace.replay.loop.input import load_input
+from schedtrace.replay.loop.scan import scan_trace
 from schedtrace.tracer.contract.format import TraceReader, write_trace
 from schedtrace.tracer.contract.schema import Finish, Footer, Header, Pass
 from schedtrace.tracer.recorder.naming import HOST_LIMIT, safe_name

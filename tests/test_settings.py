@@ -69,9 +69,9 @@ def test_a_recorded_value_replay_cannot_reproduce_is_named() -> None:
 
 
 def test_a_setting_read_per_request_answers_what_replay_runs_under_not_this_process(monkeypatch) -> None:
-    """sglang reads SGLANG_RADIX_FORCE_MISS on every match of a pass; replay models the server without it
-    (``ASSUMED``), so a replaying process that sets it still reproduces an lpm trace, and reads its own
-    value again once the replay is done."""
+    """sglang reads SGLANG_RADIX_FORCE_MISS on every match of a pass; replay answers the recorded value
+    (sglang's default for this trace, from before settings were recorded), so a replaying process that
+    sets it still reproduces an lpm trace, and reads its own value again once the replay is done."""
     from sglang.srt.environ import envs
 
     from schedtrace.replay.engine import replay_trace

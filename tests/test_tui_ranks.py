@@ -28,7 +28,9 @@ from test_tui import detail_text, settle  # tests/ is on sys.path
 SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "hybrid-swa-gptoss.trace"
 with TraceReader(SAMPLE) as _sample:
     SAMPLE_PASSES = _sample.pass_count  # what every copy below must read back, all parts together
-ALTERED = (115, 331)  # passes that admit in the sample; rank 1 admits nothing there
+    _admitting = [p.seq for p in _sample.passes() if p.admitted]
+# Passes that admit in the sample, one in each of rank 1's parts (SPLIT below); rank 1 admits nothing there.
+ALTERED = (next(n for n in _admitting if n > 100), next(n for n in _admitting if n > 300))
 SPLIT = 200  # rank 1's part 1 starts at this pass
 LOSS_AFTER = 60
 DAMAGED = 150  # a pass whose bytes the damaged copy breaks
@@ -136,7 +138,7 @@ async def test_d_walks_the_desync_passes_centred_with_the_differing_fields(tmp_p
             assert_centred(app)
             text = detail_text(app)
             assert "ranks disagree (tp): this rank differs from tp0; same inputs, another decision" in text
-            assert "decision.admitted" in text and "desync at pass 331: decision.admitted" in app.status_text
+            assert "decision.admitted" in text and f"desync at pass {ALTERED[1]}: decision.admitted" in app.status_text
             assert app.marks.kind_at(ALTERED[1]) == "desync"
             await pilot.press("D")
             assert app.selected == ALTERED[0]

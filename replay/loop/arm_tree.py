@@ -35,6 +35,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
+from schedtrace.tracer.contract.names import SGLANG_RADIX_FORCE_MISS
 from schedtrace.tracer.contract.prefix_ids import split_ids
 
 if TYPE_CHECKING:
@@ -80,10 +81,12 @@ class ArmTree:
 
     @staticmethod
     def applies(loop: LoopInput) -> bool:
-        """Whether ``loop``'s arms keep their own trees: prefix ids and a full-pool radix cache."""
+        """Whether ``loop``'s arms keep their own trees: prefix ids and a full-pool radix cache that
+        matches (under ``SGLANG_RADIX_FORCE_MISS`` every match misses, as the recording's did)."""
         header = loop.header
         return (header.prefix_block > 0 and loop.radix_cache and not header.is_hybrid_swa
-                and not header.is_hybrid_mamba and any(a.prefix_ids for a in loop.arrival_records))
+                and not header.is_hybrid_mamba and not header.settings.get(SGLANG_RADIX_FORCE_MISS)
+                and any(a.prefix_ids for a in loop.arrival_records))
 
     @classmethod
     def for_arm(cls, loop: LoopInput, state: LoopState) -> ArmTree | None:
@@ -180,6 +183,8 @@ class ArmTree:
                 continue
             if req is chunked:
                 self._insert(req, self._blocks(req, max(req.tree_len, req.prefix_len)))
+            elif req.tree_landing and req.output_len > req.inflight:
+                pass  # a parked micro-batch's prefill (no overlap): it lands when the loop processes it
             elif req.output_len > req.inflight:  # its prefill's result was processed: the prompt is in
                 self._insert(req, self._blocks(req, req.input_len))
             else:  # under overlap, not yet: it lands with the first step's results

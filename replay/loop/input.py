@@ -1,15 +1,12 @@
-"""What a closed loop reads from the trace: its start state, the arrivals, the pass clock.
+"""What a closed loop starts from: its start state, the arrivals after it, the pass clock.
 
-One scan of the trace (``scan_trace``) gives every closed loop what it
-needs whatever its start, and the recording's own outcome the self-check
-compares the stock arm with (``schedtrace.replay.loop.selfcheck``);
-``load_input`` turns the scan and the recorded pass at ``from_pass`` into a
-``LoopInput``. Inputs the loop takes from the recording, as the driver takes
-the cache's inputs from a pass: each request's output length (its
-``finish``) and its prefix match as the recording saw it change: from
-each pass whose waiting row or candidate row shows a new match (a
-cache-aware policy matches every waiting request every pass, and a match
-grows as a shared prefix's chunks land).
+``load_input`` turns a scan of the trace (``schedtrace.replay.loop.scan``)
+and the recorded pass at ``from_pass`` into a ``LoopInput``. Inputs the
+loop takes from the recording, as the driver takes the cache's inputs from
+a pass: each request's output length (its ``finish``) and its prefix match
+as the recording saw it change: from each pass whose waiting row or
+candidate row shows a new match (a cache-aware policy matches every waiting
+request every pass, and a match grows as a shared prefix's chunks land).
 """
 
 from __future__ import annotations
@@ -17,169 +14,30 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+import msgspec
+
 from schedtrace.replay.loop.arm_tree import MatchHistory
-from schedtrace.replay.loop.draws import RANDOM, Draw, RecordedDraws
+from schedtrace.replay.loop.draws import RecordedDraws
 from schedtrace.replay.loop.in_flight import mark_in_flight
 from schedtrace.replay.loop.micro_batches import MicroBatch
-from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, swa_window_tokens
+from schedtrace.replay.loop.pools import FULL_POOL, LoopPools, floor_page, swa_window_tokens
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.retraction import RetractionOrder
 from schedtrace.replay.loop.chunk_sizer import ChunkSizes
 from schedtrace.replay.loop.state import LoopReq, LoopState
-from schedtrace.replay.loop.tree_order import BlockAges
+from schedtrace.replay.loop.tree_order import BlockAges, first_inserts
 from schedtrace.replay.loop.tree_share import settle_start
-from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
+from schedtrace.replay.routing_keys import KeyTextOrder
 from schedtrace.replay.loop.clock import PassClock
+from schedtrace.replay.loop.scan import TraceScan, scan_trace
 from schedtrace.tracer.analysis import capacity
 from schedtrace.tracer.analysis.decision import replay_inputs
 from schedtrace.tracer.contract.errors import ReplayStateError, UsageError
 from schedtrace.tracer.contract.format import TraceReader
-from schedtrace.tracer.contract.names import FINISH_REJECTED, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL
+from schedtrace.tracer.contract.names import SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL
 from schedtrace.tracer.contract.schema import (
-    Arrival, ChunkedReq, Finish, Header, Idle, Pass, Retract, RunningReq, WaitingReq,
+    Arrival, ChunkedReq, Header, Pass, Retract, RunningReq, WaitingReq,
 )
-
-
-# Finish reasons of a request that may leave the queue without running (an abort, a rejection).
-LEFT_THE_QUEUE = frozenset({"abort", FINISH_REJECTED})
-
-
-@dataclass
-class TraceScan:
-    """What one scan of the trace gives every closed loop, whatever its start."""
-
-    points: list[tuple[int, int]]  # (scheduler pass number, t_ns) of each pass record read
-    arrivals: list[Arrival]
-    targets: dict[str, int]  # rid -> recorded output length
-    clock: PassClock
-    # rid -> each change of its recorded match: (trace pass number, prefix match, what locking
-    # it took from the evictable count, None where no candidate row says)
-    matches: dict[str, list[tuple[int, int, int | None]]] = field(default_factory=dict)
-    requeues: list[Retract] = field(default_factory=list)  # retractions, and preemption releases as such
-    # The recording's own outcome (the self-check's reference):
-    admitted_at: dict[str, int] = field(default_factory=dict)  # rid -> trace pass number first admitting it
-    finished_ns: dict[str, int] = field(default_factory=dict)  # rid -> t_ns of its finish
-    ended_early: dict[str, int] = field(default_factory=dict)  # rid -> t_ns it was aborted or rejected
-    queue_lengths: list[int] = field(default_factory=list)  # waiting requests at each point's pass entry
-    # The pass index of each point (``pass_at``'s): 0, 1, 2, ... but past an unreadable
-    # region (a reader with ``skip_damaged``), whose pass records are missing here.
-    numbers: list[int] = field(default_factory=list)
-    # Each point's Pass.processed_tokens (sglang's counter hrrn ages the queue by; None: not recorded)
-    processed: list[int | None] = field(default_factory=list)
-    draws: list[Draw] = field(default_factory=list)  # under the random policy, each point's draw
-    # The server ran sglang's overlap scheduler: a running request was seen without its first output
-    # (its prefill's result not yet processed), which the normal loop never shows. Only for traces
-    # whose header does not say (``Header.overlap_schedule`` None).
-    overlap: bool = False
-    key_text: KeyTextOrder | None = None  # under the routing-key policy, the keys' text order its passes show
-    # rid -> the scheduler pass after the last pass record that showed it waiting, for requests
-    # aborted while waiting: the pass that took the abort (an idle one, when nothing else waited).
-    waited_until: dict[str, int] = field(default_factory=dict)
-    # Requests that ran, went back to the queue (a retraction, a preemption) and left it aborted
-    # (a queue limit's priority abort, a client's): their recorded output is where they were
-    # requeued, not where a loop should finish them.
-    requeued_then_left: set[str] = field(default_factory=set)
-    aborted_running: set[str] = field(default_factory=set)  # requests a client aborted while they ran
-
-    def position(self, pass_no: int) -> int:
-        """The point of trace pass ``pass_no``, or of the first read after it; ``len(points)`` if none."""
-        return bisect_left(self.numbers, pass_no)
-
-    def iteration_of(self, pass_no: int) -> int:
-        """The scheduler pass number of trace pass ``pass_no`` (past the last point: the last)."""
-        return self.points[min(self.position(pass_no), len(self.points) - 1)][0] if self.points else 0
-
-
-def scan_trace(reader: TraceReader) -> TraceScan:
-    """The pass clock, arrivals, output lengths and the recorded outcome, from one scan.
-
-    The clock counts every scheduler pass: pass records with their folded
-    repeats, and the idle passes between them. The recorder counts idle
-    passes in ``idle`` records (and the ones right before a pass again in its
-    ``idle_before``); a trace without ``idle`` records is counted by
-    ``idle_before`` alone. Pass records lost in an unreadable region count
-    one scheduler pass each: their folds and the idle passes around them are
-    lost with them.
-    """
-    by_idle_records: list[tuple[int, int]] = []
-    by_idle_before: list[tuple[int, int]] = []
-    arrivals: list[Arrival] = []
-    requeues: list[Retract] = []
-    targets: dict[str, int] = {}
-    matches: dict[str, tuple[int, int, int | None]] = {}
-    admitted_at: dict[str, int] = {}
-    finished_ns: dict[str, int] = {}
-    ended_early: dict[str, int] = {}
-    processed: list[int | None] = []
-    draws: list[Draw] = []
-    policy = reader.header.server_args.schedule_policy
-    random_policy = policy == RANDOM
-    key_text = KeyTextOrder() if policy == ROUTING_KEY else None
-    queue_lengths: list[int] = []
-    numbers: list[int] = []
-    waited: dict[str, tuple[int, int]] = {}  # rid -> (point, repeat) of the last record showing it waiting
-    ran: dict[str, int] = {}  # rid -> the point of the last record showing it running, chunked or admitted
-    first = reader.header.first_pass
-    overlap = False
-    it_records = it_before = 0
-    seen_idle_record = False
-    for _, record in reader.records():
-        if isinstance(record, Pass):
-            index = record.seq - first  # the reader's pass index (a later part's seqs start past 0)
-            lost = index - (numbers[-1] + 1 if numbers else 0)
-            if lost > 0:  # past an unreadable region
-                it_records += lost
-                it_before += lost
-            numbers.append(index)
-            it_before += max(record.idle_before, 0)
-            by_idle_records.append((it_records, record.t_ns))
-            by_idle_before.append((it_before, record.t_ns))
-            it_records += max(record.repeat, 1)
-            it_before += max(record.repeat, 1)
-            point = len(numbers) - 1
-            for w in record.waiting:
-                waited[w.rid] = (point, max(record.repeat, 1))
-            for row in (*record.running, *record.admitted, *((record.chunked,) if record.chunked else ())):
-                ran[row.rid] = point
-            queue_lengths.append(len(record.waiting))
-            processed.append(record.processed_tokens)
-            if random_policy:
-                draws.append((tuple(w.rid for w in record.waiting), record.order))
-            if key_text is not None and record.order is not None:
-                key_text.observe(record)
-            overlap = overlap or any(r.output_len == 0 for r in record.running)
-            _note_matches(matches, index, record)
-            for admitted in record.admitted:
-                admitted_at.setdefault(admitted.rid, index)
-            for released in record.released or ():  # back in the queue at the pass's end
-                requeues.append(Retract(t_ns=record.t_ns + record.dur_ns, rid=released.rid, output_len=0))
-        elif isinstance(record, Retract):
-            requeues.append(record)
-        elif isinstance(record, Idle):
-            seen_idle_record = True
-            it_records += max(record.count, 0)
-        elif isinstance(record, Arrival):
-            arrivals.append(record)
-            if key_text is not None:
-                key_text.note(record)
-        elif isinstance(record, Finish):
-            targets[record.rid] = record.output_len
-            finished_ns.setdefault(record.rid, record.t_ns)
-            if record.reason in LEFT_THE_QUEUE:
-                ended_early.setdefault(record.rid, record.t_ns)
-    points = by_idle_records if seen_idle_record else by_idle_before
-    # Ended early: after the last record showing it run (never, for one that never ran), a later one
-    # showed it waiting, or none did.
-    left_waiting = {rid for rid in ended_early if rid in waited and waited[rid][0] > ran.get(rid, -1)}
-    ran_first = {rid for rid in ended_early if rid in ran}
-    return TraceScan(
-        points=points, arrivals=arrivals, requeues=requeues, targets=targets, clock=PassClock(points), matches=matches,
-        admitted_at=admitted_at, finished_ns=finished_ns, ended_early=ended_early, processed=processed, draws=draws, queue_lengths=queue_lengths, numbers=numbers,
-        overlap=overlap, key_text=key_text,
-        waited_until={rid: points[waited[rid][0]][0] + waited[rid][1] for rid in left_waiting},
-        requeued_then_left=left_waiting & ran_first,
-        aborted_running=ran_first - left_waiting,
-    )
 
 
 @dataclass
@@ -277,7 +135,7 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     pools = LoopPools.of(header)
     targets = {rid: n for rid, n in scan.targets.items() if rid not in scan.requeued_then_left}
     initial = initial_state(start, targets, pools, page_size=max(1, header.server_args.page_size))
-    initial.parked = _parked(reader, scan, from_pass, start_iteration, initial, targets, pools)
+    initial.parked = _parked(reader, scan, from_pass, start_iteration, start.t_ns, initial, targets, pools)
     overlap = scan.overlap if header.overlap_schedule is None else header.overlap_schedule  # recorded, else inferred
     if overlap and from_pass > 0:
         at, previous = scan.position(from_pass), None
@@ -304,13 +162,27 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         future.append((step, _loop_req(event, targets, priority=event.priority, prefix_ids=event.prefix_ids,
                                        ends_by_abort=event.rid in scan.aborted_running)))
     future.sort(key=lambda item: item[0])  # stable: arrival order within a step
+    requeued_before = [r for r in scan.requeues if r.t_ns <= start.t_ns]
+    # A request requeued before the start: its matches before its last requeue were of its old life.
+    requeued_at = {r.rid: scan.clock.record_after(r.t_ns) for r in requeued_before}
     matches = sorted(
-        (scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)
+        (iteration - start_iteration, rid, prefix, locked)
         for rid, changes in scan.matches.items() if rid in known
         for pass_no, prefix, locked in changes
+        if (iteration := scan.iteration_of(pass_no)) >= requeued_at.get(rid, iteration)
     )
     if from_pass > 0 and not header.server_args.disable_radix_cache and not header.is_hybrid_swa:
-        settle_start(initial, max(1, header.server_args.page_size), header.prefix_block, MatchHistory(matches))
+        requeues: dict[str, list[int]] = {}  # rid -> its outputs at each requeue, by time
+        for r in requeued_before:
+            requeues.setdefault(r.rid, []).append(r.output_len)
+        # Where two prompts part inside a block, any of their family's recorded matches says where.
+        kin_matches = [(scan.iteration_of(pass_no) - start_iteration, rid, prefix, locked)
+                       for rid, changes in scan.matches.items() if rid not in known
+                       for pass_no, prefix, locked in changes]
+        settle_start(initial, max(1, header.server_args.page_size), header.prefix_block,
+                     MatchHistory([*matches, *kin_matches]), requeues,
+                     keeps_own=not header.is_hybrid_mamba or pools.mamba_forks,
+                     prompts={a.rid: a.prefix_ids for a in scan.arrivals})
     return LoopInput(
         header=header,
         from_pass=from_pass,
@@ -324,8 +196,9 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         overlap=overlap,
         arrival_records=scan.arrivals,
         ran_before=ran_before,
-        requeued_before=[r for r in scan.requeues if r.t_ns <= start.t_ns],
-        tie_order=BlockAges.for_loop(header, scan.arrivals) or scan.key_text,
+        requeued_before=requeued_before,
+        tie_order=BlockAges.for_loop(header, scan.arrivals, first_inserts(scan.first_prefills, overlap))
+        or scan.key_text,
         draws=RecordedDraws({it: draw for (it, _), draw in zip(scan.points, scan.draws)}),
         processed_points=[(it, value or 0) for (it, _), value in zip(scan.points, scan.processed)],
         leaves=sorted((max(_left_at(scan, rid, t_ns) - start_iteration, 0), rid)
@@ -416,34 +289,45 @@ def initial_state(
     )
 
 
-def _parked(reader: TraceReader, scan: TraceScan, from_pass: int, start_iteration: int, initial: LoopState,
-            targets: dict[str, int], pools: LoopPools) -> list[MicroBatch]:
-    """The pipeline's other micro-batches at the start: the running requests the passes after it
-    record, each where that pass follows at once (an unrecorded turn starts empty)."""
+def _parked(reader: TraceReader, scan: TraceScan, from_pass: int, start_iteration: int, start_ns: int,
+            initial: LoopState, targets: dict[str, int], pools: LoopPools) -> list[MicroBatch]:
+    """The pipeline's other micro-batches at the start: the running requests and the latch the
+    passes after it record, each where that pass follows at once (an unrecorded turn starts empty).
+
+    A turn's results are processed in the loop, at the step before it: a request its last turn
+    decoded to its end is in no pass's running batch but still holds its KV and slot. It is taken
+    from that last turn, one token on, to finish there."""
     parked: list[MicroBatch] = []
     known = {r.rid for r in initial.requests()}
     page_size = max(1, reader.header.server_args.page_size)
-    for turn in range(1, capacity.micro_batches(reader.header)):
-        at = from_pass + turn
+    loop_size = capacity.micro_batches(reader.header)
+
+    def recorded(at: int, iteration: int) -> Pass | None:
+        ok = 0 <= at < reader.pass_count and scan.iteration_of(at) == iteration
+        return replay_inputs(reader.pass_at(at)) if ok else None
+
+    for turn in range(1, loop_size):
         batch = MicroBatch()
-        if at < reader.pass_count and scan.iteration_of(at) == start_iteration + turn:
-            running = initial_state(replay_inputs(reader.pass_at(at)), targets, pools, page_size=page_size).running
-            batch.running = [r for r in running if r.rid not in known]
+        after = recorded(from_pass + turn, start_iteration + turn)
+        before = recorded(from_pass + turn - loop_size, start_iteration + turn - loop_size)
+        if after is not None:
+            turn_state = initial_state(after, targets, pools, page_size=page_size)
+            batch.running = [r for r in turn_state.running if r.rid not in known]
+            batch.batch_is_full = turn_state.batch_is_full
             known.update(r.rid for r in batch.running)
+            # What its last turn prefilled reaches the tree as that result is processed, in the loop.
+            prefilled = {a.rid for a in before.admitted} if before is not None else set()
+            for req in batch.running:
+                if req.rid in prefilled:
+                    req.tree_landing = floor_page(req.fill_len, page_size)
+        if before is not None:
+            end_ns = after.t_ns if after is not None else None
+            ending = [msgspec.structs.replace(r, output_len=r.output_len + 1) for r in before.running
+                      if r.rid not in known and start_ns < (done := scan.finished_ns.get(r.rid, -1))
+                      and (end_ns is None or done <= end_ns)]
+            if ending:
+                last = msgspec.structs.replace(before, running=ending, waiting=[], chunked=None)
+                batch.running += initial_state(last, targets, pools, page_size=page_size).running
+                known.update(r.rid for r in ending)
         parked.append(batch)
     return parked
-
-
-def _note_matches(matches: dict[str, list[tuple[int, int, int | None]]], index: int, p) -> None:
-    """The matches pass ``index`` shows that differ from each request's last one: its
-    candidate row's where it has one (with the evictable part locking took), else its waiting row's.
-    A requeued request's candidate row counts even at 0: the tree lost what it had inserted."""
-    requeued = {w.rid for w in p.waiting if w.output_len > 0}
-    seen = {c.rid: (c.prefix_len, c.locked_evictable) for c in p.candidates if c.prefix_len > 0 or c.rid in requeued}
-    for w in p.waiting:
-        if w.prefix_len > 0 and w.output_len == 0:
-            seen.setdefault(w.rid, (w.prefix_len, None))
-    for rid, (prefix, locked) in seen.items():
-        changes = matches.setdefault(rid, [])
-        if not changes or changes[-1][1] != prefix or (locked is not None and changes[-1][2] != locked):
-            changes.append((index, prefix, locked))

@@ -34,9 +34,8 @@ import msgspec
 from schedtrace.replay.loop.arm_tree import ArmTree
 from schedtrace.replay.loop.feed import ArrivalFeed
 from schedtrace.replay.loop.micro_batches import rotate
-from schedtrace.replay.loop.input import (  # re-exported: bisect and repro build on them
-    LoopInput, TraceScan, initial_state, load_input, scan_trace,
-)
+from schedtrace.replay.loop.input import LoopInput, initial_state, load_input  # re-exported: bisect and repro
+from schedtrace.replay.loop.scan import TraceScan, scan_trace  # build on them
 from schedtrace.replay.loop.state import LoopState, abort_chunked, apply_decision, to_pass, with_outputs
 from schedtrace.replay.loop.clock import PassClock
 from schedtrace.replay.loop.selfcheck import self_check

@@ -27,7 +27,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from schedtrace.replay.loop.input import LoopInput, TraceScan
+from schedtrace.replay.loop.input import LoopInput
+from schedtrace.replay.loop.scan import TraceScan
 from schedtrace.tracer.contract.names import STOCK
 from schedtrace.tracer.contract.report import ArmOutcome, SelfCheck
 

@@ -22,7 +22,9 @@ and one forward step, as ``Scheduler.get_next_batch_to_run`` picks it:
   that does not fit, requests are retracted in sglang's order;
 * a request that reaches its recorded output length finishes: its KV
   becomes evictable (free without a radix cache), its slot frees, and the
-  running batch shrinking clears ``batch_is_full`` as sglang does. Under the
+  running batch shrinking clears ``batch_is_full`` as sglang does (so does a
+  batch that left a chunk unfinished, filtered out of it next pass, and a
+  prefill into an empty batch, which becomes the running batch). Under the
   overlap scheduler that happens one step later, and each pass sees the
   outputs of the step before it one short (``LoopReq.inflight``).
 
@@ -47,11 +49,11 @@ from schedtrace.replay.loop.admit import admission_plan, admit, hand_over, inser
 from schedtrace.replay.loop.micro_batches import MicroBatch
 from schedtrace.replay.loop.records import replace_pass, to_pass, with_outputs  # re-exported
 from schedtrace.replay.loop.pools import (  # ceil_page: re-exported
-    FULL_POOL, LoopPools, StepPools, ceil_page, fork_mamba, hold, release, slide_swa,
+    FULL_POOL, LoopPools, StepPools, ceil_page, hold, release, slide_swa,
 )
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.retraction import BY_LENGTH, RetractionOrder
-from schedtrace.replay.loop.tree_share import share_duplicates
+from schedtrace.replay.loop.tree_share import process_inserts, take_landings
 from schedtrace.tracer.contract.order import in_order
 from schedtrace.tracer.contract.report import Decision
 
@@ -238,7 +240,7 @@ def apply_decision(
     result = StepResult()
     step = StepPools.of(state, pools, page_size, radix_cache)
     # Under overlap the last step's results are processed after this step's retraction.
-    landed_last_step = _take_landings(state.requests()) if overlap else []
+    landed_last_step = take_landings(state.requests()) if overlap else []
     if decision.released and decision.error is None:
         # Priority preemption released these before admission; _add_request_to_queue appends them.
         for rid in decision.released:
@@ -255,6 +257,7 @@ def apply_decision(
         shortfall = max(shortfall, step.swa.shortfall(need))
     mamba_shortfall = step.mamba.shortfall(slots) if step.mamba is not None else 0
     prefill_batch = False  # the pass built a batch: this step's forward is its prefill
+    chunk_left = False
     if decision.error is not None:
         result.failed = True
     elif decision.over_ask > 0 or shortfall or mamba_shortfall:
@@ -266,6 +269,10 @@ def apply_decision(
         prefill_batch = bool(plans) or (state.chunked is not None and bool(decision.chunk_size))
         _advance_chunk(state, decision, step, prefilled)
         admit(state, decision, plans, step, prefilled, result)
+        # The batch holds a chunk it leaves unfinished: this running batch's next pass filters that
+        # out of its last batch, and the batch shrinking clears the latch (get_next_batch_to_run).
+        chunk_left = state.chunked is not None and (
+            bool(decision.chunk_size) or decision.new_chunked_rid == state.chunked.rid)
 
     # Finished by the last step, processed only now (overlap; without it none are left here).
     finishing = [r for r in state.running if r.output_len >= r.target_output]
@@ -286,6 +293,9 @@ def apply_decision(
         state.new_token_ratio = ratio.init
     if forward_ct is not None and (prefill_batch or decoding):
         state.forward_ct = forward_ct + 1  # Scheduler.run_batch counts every forward
+    # The next pass makes the prefill batch the running batch (get_next_batch_to_run merges
+    # last_batch into an empty one by taking it), and that batch's latch is its own: never set.
+    into_empty = bool(prefilled) and not state.running
     for req in prefilled:
         req.output_len += 1  # the prefill's forward samples the first token
         state.running.append(req)
@@ -303,21 +313,13 @@ def apply_decision(
         forwarded = set(map(id, decoding + prefilled))  # this step's batch: its outputs are in flight
         for req in state.running:
             req.inflight = 1 if id(req) in forwarded else 0
-    if shrank:
-        state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks
+    if shrank or chunk_left or into_empty:
+        state.batch_is_full = False  # sglang clears the latch whenever the batch shrinks, or is replaced
     if not overlap:
-        landed_last_step = _take_landings([*processed, *([state.chunked] if state.chunked is not None else [])])
-    _process_inserts(state, landed_last_step, step, prefix_block)
+        landed_last_step = take_landings([*processed, *([state.chunked] if state.chunked is not None else [])])
+    process_inserts(state, landed_last_step, step, prefix_block)
     step.store(state)
     return state, result
-
-
-def _take_landings(reqs: list[LoopReq]) -> list[tuple[LoopReq, int]]:
-    """The inserts of ``reqs`` waiting for their results to be processed, taken (in batch order)."""
-    landed = [(r, r.tree_landing) for r in reqs if r.tree_landing]
-    for req, _ in landed:
-        req.tree_landing = 0
-    return landed
 
 
 def _finish(done: list[LoopReq], batch: list[LoopReq], state: LoopState, step: StepPools,
@@ -346,31 +348,6 @@ def abort_chunked(state: LoopState, *, page_size: int, radix_cache: bool, pools:
     state.req_slots_free += 1
     step.store(state)
     return state
-
-
-def _process_inserts(state: LoopState, landed: list[tuple[LoopReq, int]], step: StepPools,
-                     prefix_block: int) -> None:
-    """The processed results reach the tree (``landed``: this step's, the last step's under
-    overlap, the next micro-batch's in the pipeline), in batch order; a request retracted or
-    preempted meanwhile is skipped, as the result processor skips it."""
-    held = state.held()
-    chunked = state.chunked
-    if chunked is not None and chunked.tree_landing:
-        # A chunk lands after the step's results: the next pass stashes it (stash_chunked_request,
-        # a tree checkpoint) before it decides, overlap or not.
-        landed = [*(item for item in landed if item[0] is not chunked), (chunked, chunked.tree_landing)]
-        chunked.tree_landing = 0
-    live = set(map(id, held))
-    in_tree = [r for r in held if r.tree_len > 0]
-    for req, tokens in landed:
-        if id(req) not in live:
-            continue
-        if prefix_block and tokens > req.tree_len and step.swa is None:
-            share_duplicates(req, tokens, in_tree, step, prefix_block)
-        if tokens > req.tree_len:
-            fork_mamba(req, step)
-        req.tree_len = max(req.tree_len, tokens)
-        in_tree.append(req)
 
 
 def _advance_chunk(state: LoopState, decision: Decision, step: StepPools, prefilled: list[LoopReq]) -> None:

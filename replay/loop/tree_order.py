@@ -5,9 +5,10 @@ weight by the order the server's radix tree created them. Open-loop replay
 takes that from the recorded order (``Pass.order``); a closed loop decides
 on queues the recording never saw, so each arm ranks a waiting request's
 match by when its blocks entered the tree (``TreeAges``): those in it at the
-loop's start first, by the arrival that first carried them (``BlockAges``),
-then each as the arm's own prefills and chunks inserted it. A branch enters
-the tree with the first family member to prefill, not the first to arrive.
+loop's start first, by the recorded admission that first carried them, then
+by arrival (``BlockAges``), then each as the arm's own prefills and chunks
+inserted it. A branch enters the tree with the first family member to
+prefill, not the first to arrive.
 Pure: no sglang, no I/O.
 """
 
@@ -26,22 +27,41 @@ if TYPE_CHECKING:
 DFS_WEIGHT: Final = "dfs-weight"  # the policy whose order depends on the tree's branch order
 
 
+def first_inserts(first_prefills: dict[str, tuple[int, bool, int]], overlap: bool) -> dict[str, tuple]:
+    """rid -> a key ordering the recorded first prefills as they entered the server's tree
+    (``TraceScan.first_prefills``: each one's pass, whether it began a chunked prefill, its place
+    among the pass's admissions). A pass's new chunk is stashed into the tree at the next pass's
+    start; its whole prefills are inserted when its results are processed: before that without
+    the overlap scheduler, after it (during the next pass) with it. Within each, batch order."""
+    return {rid: (at, chunked != overlap, place) for rid, (at, chunked, place) in first_prefills.items()}
+
+
 class BlockAges:
-    """Each prefix id's first arrival, in arrival order; past ``LIMIT`` ids, later ones are unranked."""
+    """Each prefix id's rank: the first request carrying it to enter the tree (``inserted``: rid ->
+    a key ordering the recorded first prefills, ``first_inserts``), then to arrive; past
+    ``LIMIT`` ids, later ones are unranked."""
 
     LIMIT: ClassVar[int] = 1 << 20  # ids kept: a hostile trace cannot grow it without bound
 
-    def __init__(self, block: int, arrivals: Iterable[Arrival] = ()) -> None:
+    def __init__(self, block: int, arrivals: Iterable[Arrival] = (), inserted: dict[str, tuple] | None = None) -> None:
         self.block = block
         self.first: dict[bytes, int] = {}
         self.ids: dict[str, bytes] = {}
+        arrivals = list(arrivals)
+        if inserted:  # the inserted first, in their order; then the rest, by arrival
+            ranked = sorted(range(len(arrivals)), key=lambda i: (arrivals[i].rid not in inserted,
+                                                                 inserted.get(arrivals[i].rid, ()), i))
+            arrivals = [arrivals[i] for i in ranked]
         for arrival in arrivals:
             self.note(arrival)
 
     @classmethod
-    def for_loop(cls, header: Header, arrivals: Iterable[Arrival]) -> BlockAges | None:
+    def for_loop(cls, header: Header, arrivals: Iterable[Arrival],
+                 inserted: dict[str, tuple] | None = None) -> BlockAges | None:
         """The ages a closed loop of ``header``'s server breaks ties by; None unless it ran dfs-weight."""
-        return cls(header.prefix_block, arrivals) if header.server_args.schedule_policy == DFS_WEIGHT else None
+        if header.server_args.schedule_policy != DFS_WEIGHT:
+            return None
+        return cls(header.prefix_block, arrivals, inserted)
 
     def note(self, arrival: Arrival) -> None:
         if self.block <= 0 or not arrival.prefix_ids:

@@ -23,7 +23,8 @@ import msgspec
 
 from schedtrace.replay.loop.run import run_arms
 from schedtrace.replay.scale.executor import Executor, LocalExecutor
-from schedtrace.replay.loop.input import LoopInput, TraceScan, load_input, scan_trace
+from schedtrace.replay.loop.input import LoopInput, load_input
+from schedtrace.replay.loop.scan import TraceScan, scan_trace
 from schedtrace.replay.loop.selfcheck import quantile, self_check
 from schedtrace.replay.scale.sweep_grid import Config, Value, apply_config, grid_cells, recorded_config
 from schedtrace.tracer.contract.errors import UsageError

@@ -12,7 +12,8 @@ from rich.markup import escape
 
 from schedtrace.cli.style import plural
 from schedtrace.tracer.analysis.holes import holes_text
-from schedtrace.tracer.contract.names import LOSS_PAUSED, LOSS_QUEUE_FULL, LOSS_RING, LOSS_WRITE_ERROR
+from schedtrace.tracer.contract.names import (LOSS_PASS_TOO_LARGE, LOSS_PAUSED, LOSS_QUEUE_FULL, LOSS_RING,
+                                              LOSS_WRITE_ERROR)
 from schedtrace.tracer.contract.report import DamagedRegion, Holes, LostRecords
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ LOSS_WORDS = {
     LOSS_WRITE_ERROR: "a write failed",
     LOSS_RING: "fell off the ring",
     LOSS_PAUSED: "recording paused",
+    LOSS_PASS_TOO_LARGE: "a pass too large to write",
 }
 
 

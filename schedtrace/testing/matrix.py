@@ -7,15 +7,18 @@ alone with ``python -m schedtrace.testing.matrix NAME OUT_DIR``.
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedtrace.testing.load import ABORT_POLL_ENV, policy_requests, run
 from schedtrace.tracer.contract.format import TraceReader
+from schedtrace.tracer.contract.schema import Header
 from schedtrace.tracer.sandbox.models import model as find_model
 from schedtrace.tracer.sandbox.server import SandboxServer
 
@@ -32,6 +35,9 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     priorities: bool = False
     routing: bool = False
+    # sglang fits its chunk sizer to a start-up profile of real prefill latencies, and turns dynamic
+    # chunking off when noise makes the fit's quadratic term negative: such a start is served again
+    needs_chunk_sizer: bool = False
 
 
 CONFIGS = (
@@ -61,7 +67,7 @@ CONFIGS = (
     # chunks sized by sglang's latency-fitted sizer, which runs only with pipeline stages; the
     # wide-vocab llama lets its start-up profile prefill ids below 10,000
     Config("dynamic-chunking", ("--schedule-policy", "lpm", "--enable-dynamic-chunking"),
-           model="llama-wide-vocab", pp=2),
+           model="llama-wide-vocab", pp=2, needs_chunk_sizer=True),
 )
 
 
@@ -72,24 +78,41 @@ class Recorded:
     outcomes: dict[str, str]
 
 
-def record(config: Config, base: Path) -> Recorded:
-    """Serve the load on ``config``'s sandbox, recording into ``base/NAME/traces``."""
-    folder = base / config.name
-    shutil.rmtree(folder, ignore_errors=True)  # one trace per configuration
+def server_for(config: Config, folder: Path, base_env: Mapping[str, str] | None = None) -> SandboxServer:
+    """``config``'s sandbox, recording into ``folder/traces``, over ``base_env`` (default: this process's)."""
     hybrid = find_model(config.model).hybrid is not None
     args = () if hybrid else BASE_ARGS
-    server = SandboxServer(model=config.model, pp=config.pp, overload=hybrid, trace_dir=folder / "traces",
-                           extra_args=(*args, *config.args), log_path=folder / "server.log", env={**ABORT_POLL_ENV, **config.env})
+    return SandboxServer(model=config.model, pp=config.pp, overload=hybrid, trace_dir=folder / "traces",
+                         extra_args=(*args, *config.args), log_path=folder / "server.log",
+                         env={**ABORT_POLL_ENV, **config.env}, base_env=base_env)
+
+
+RECORD_ATTEMPTS = 3  # starts for a configuration whose server must fit its chunk sizer
+
+
+def record(config: Config, base: Path, base_env: Mapping[str, str] | None = None) -> Recorded:
+    """Serve the load on ``config``'s sandbox, recording into ``base/NAME/traces``."""
+    for _ in range(RECORD_ATTEMPTS):
+        recorded = _record_once(config, base, base_env)
+        if not config.needs_chunk_sizer or _header(recorded.trace).chunk_sizer is not None:
+            break
+    return recorded  # after the last attempt, as it is: the matrix test says what did not run
+
+
+def _record_once(config: Config, base: Path, base_env: Mapping[str, str] | None) -> Recorded:
+    folder = base / config.name
+    shutil.rmtree(folder, ignore_errors=True)  # one trace per configuration
+    server = server_for(config, folder, base_env)
     with server:
         outcomes = run(server.url, policy_requests(config.name, priorities=config.priorities, routing=config.routing))
     traces = sorted((folder / "traces").glob("*.trace"))
     assert len(traces) == config.pp, traces  # a trace per rank
-    return Recorded(config, next(t for t in traces if _pp_rank(t) == 0), outcomes)
+    return Recorded(config, next(t for t in traces if _header(t).pp_rank == 0), outcomes)
 
 
-def _pp_rank(trace: Path) -> int:
+def _header(trace: Path) -> Header:
     with TraceReader(trace) as reader:
-        return reader.header.pp_rank
+        return reader.header
 
 
 class MatrixRecording:
@@ -97,10 +120,13 @@ class MatrixRecording:
     ``result`` records the rest beside it (two at a time) and returns them all by name.
 
     A test session starts it while the tests that need no server run, on the core their one
-    thread leaves idle (tests/conftest.py), so the matrix costs little wall time of its own."""
+    thread leaves idle (tests/conftest.py), so the matrix costs little wall time of its own. Its
+    servers inherit the environment as it was when the recording was made (``base_env``): a
+    setting a test patches into ``os.environ`` meanwhile must not reach a server starting beside it."""
 
     def __init__(self, base: Path, configs: tuple[Config, ...] = CONFIGS) -> None:
         self.base = base
+        self.base_env = dict(os.environ)
         self._todo: queue.SimpleQueue[Config] = queue.SimpleQueue()
         for config in configs:
             self._todo.put(config)
@@ -121,7 +147,7 @@ class MatrixRecording:
             except queue.Empty:
                 return
             try:
-                self._done[config.name] = record(config, self.base)
+                self._done[config.name] = record(config, self.base, self.base_env)
             except BaseException as exc:  # handed to result(), in the test that needs it
                 self._done[config.name] = exc
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from schedtrace.tracer.contract.names import (
-    SGLANG_SWA_EVICTION_INTERVAL_ENV, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL,
+    SGLANG_RADIX_FORCE_MISS, SGLANG_SWA_EVICTION_INTERVAL_ENV, SGLANG_TEST_RETRACT, SGLANG_TEST_RETRACT_INTERVAL,
 )
 
 # ServerArgs fields beyond schema.ServerArgs that a scheduling pass or the queue reads.
@@ -53,7 +53,7 @@ ENV_SETTINGS: Final = (
     "SGLANG_RETRACT_DECODE_STEPS",
     "SGLANG_MAX_NEW_TOKENS_LIMIT",
     "SGLANG_ENABLE_WAITING_PREFIX_REFRESH",
-    "SGLANG_RADIX_FORCE_MISS",
+    SGLANG_RADIX_FORCE_MISS,
     "SGLANG_EXACT_CHUNK_FILL",
     SGLANG_TEST_RETRACT_INTERVAL,
     SGLANG_SWA_EVICTION_INTERVAL_ENV,
@@ -75,12 +75,17 @@ MODULE_SETTINGS: Final = {
     "SGLANG_TEST_RETRACT_NO_PREFILL_BS": (SCHEDULER_MODULE, "TEST_RETRACT_NO_PREFILL_BS"),
 }
 
-# What replay sets from the recorded value before it runs a pass (replay/settings.py).
+# Environment settings sglang reads on every request of a pass (``envs.NAME.get()``); replay answers
+# each with its recorded value (replay/server_env.py ``per_request_envs``).
+PER_REQUEST_ENVS: Final = (SGLANG_RADIX_FORCE_MISS, "SGLANG_ENABLE_WAITING_PREFIX_REFRESH")
+
+# What replay sets from the recorded value before it runs a pass (replay/server_env.py).
 REPLAYED: Final = frozenset({
     "schedule_low_priority_values_first",
     "disable_priority_preemption",  # each release is recorded (Pass.released)
     "priority_scheduling_preemption_threshold",
     "prefill_max_requests",
+    *PER_REQUEST_ENVS,
     *MODULE_SETTINGS,
 })
 
@@ -121,7 +126,6 @@ ASSUMED: Final = {
     "speculative_algorithm": None,
     "disaggregation_mode": "null",
     "prefill_only_disable_kv_cache": False,
-    "SGLANG_RADIX_FORCE_MISS": False,
     "SGLANG_EXACT_CHUNK_FILL": None,  # the header's exact_chunk_fill is what replay injects
 }
 

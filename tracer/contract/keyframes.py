@@ -15,15 +15,19 @@ rule bounds how many deltas it applies. Where keyframes fall is otherwise
 the writer's choice: a reader takes any placement within the two rules
 below, so files written under an older placement read as before.
 
-Two rules bind every writer, and the reader refuses a file that breaks them:
+Three rules bind every writer, and the reader refuses a file that breaks them:
 every pass is fewer than ``MAX_KEYFRAME_INTERVAL`` passes after its
-keyframe, and the deltas after a keyframe make a reader build at most
+keyframe; the deltas after a keyframe make a reader build at most
 ``BUILT_ROWS_PER_BYTE`` rows per byte of the file from the keyframe to the
-delta (``rebuild_cost``, ``cost_allowed``). A delta of a few bytes can step
-every running row, so without the second rule a reading costs the rows of the
-passes, not the bytes of the file; the writer writes a keyframe before a
-delta would break it (a running batch of more than some 150 requests
-decoding).
+delta (``rebuild_cost``, ``cost_allowed``); and the pass records from a
+keyframe through any delta after it hold at most ``SEEK_BYTES`` (so does
+any one pass record, in v1 too). A delta of a few bytes can step every
+running row, so without the second rule a reading costs the rows of the
+passes, not the bytes of the file; without the third, one seek costs up to
+a thousand records of the record limit. The writer writes a keyframe before
+a delta would break either (a running batch of more than some 150 requests
+decoding; a chain past SEEK_BYTES), and a pass too large to be written whole
+is not written (the caller writes a ``Loss`` in its place).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import msgspec
 
 from schedtrace.tracer.contract.codec import encode_into
 from schedtrace.tracer.contract.delta import Differ, rebuild_cost
-from schedtrace.tracer.contract.names import BUILT_ROWS_PER_BYTE, COPIES_PER_BUILT_ROW, MAX_KEYFRAME_INTERVAL
+from schedtrace.tracer.contract.names import (BUILT_ROWS_PER_BYTE, COPIES_PER_BUILT_ROW, MAX_KEYFRAME_INTERVAL,
+                                              SEEK_BYTES)
 from schedtrace.tracer.contract.schema import Pass
 
 DEFAULT_BYTES_RATIO: Final = 2.0
@@ -69,8 +74,9 @@ class PassEncoder:
         """The next pass is a keyframe (what came before may not be in the file)."""
         self._differ.reset()
 
-    def encode_into(self, p: Pass, buffer: bytearray) -> bool:
-        """Append ``p`` to ``buffer``; True if it went as a keyframe."""
+    def encode_into(self, p: Pass, buffer: bytearray) -> bool | None:
+        """Append ``p`` to ``buffer``; True if it went as a keyframe, None if it went not at all: whole, it
+        is larger than any pass may be (SEEK_BYTES; the caller writes a Loss, and the next pass is a keyframe)."""
         before = len(buffer)
         previous = self._differ.previous
         keyframe = (previous is None or p.seq != previous.seq + 1 or self._deltas + 1 >= self.policy.every
@@ -80,7 +86,14 @@ class PassEncoder:
         cost = 0 if delta is None else self._cost + rebuild_cost(delta)
         if cost > cost_allowed(self._keyframe_bytes + self._delta_bytes):  # the reader's budget (below)
             delta = None
-        encode_into(p if delta is None else delta, buffer)
+        if delta is not None:
+            encode_into(delta, buffer)
+            if self._keyframe_bytes + self._delta_bytes + len(buffer) - before > SEEK_BYTES:  # the seek budget
+                del buffer[before:]
+                delta = None
+        if delta is None and not encode_whole_into(p, buffer):
+            self.reset()
+            return None
         size = len(buffer) - before
         if delta is None:
             self._deltas, self._delta_bytes, self._keyframe_bytes, self._cost = 0, 0, size, 0
@@ -90,6 +103,17 @@ class PassEncoder:
             self._cost = cost
         self._differ.keep(p)
         return delta is None
+
+
+def encode_whole_into(p: Pass, buffer: bytearray) -> bool:
+    """Append ``p`` whole (a keyframe, or a v1 pass); False, appending nothing, if it is larger than any pass
+    may be (SEEK_BYTES)."""
+    before = len(buffer)
+    encode_into(p, buffer)
+    if len(buffer) - before > SEEK_BYTES:
+        del buffer[before:]
+        return False
+    return True
 
 
 def cost_allowed(span: int) -> int:

@@ -41,6 +41,7 @@ LOSS_QUEUE_FULL: Final = "queue_full"  # the writer queue was full: the newest r
 LOSS_WRITE_ERROR: Final = "write_error"  # a write failed (disk full, I/O error)
 LOSS_RING: Final = "ring"  # ring mode: records fell off the ring before a trigger wrote it out
 LOSS_PAUSED: Final = "paused"  # recording was off (the control file): passes and events not recorded
+LOSS_PASS_TOO_LARGE: Final = "pass_too_large"  # a pass past SEEK_BYTES whole: it and its events not written
 
 # Writer defaults (the environment can override each; the fsync period is the contract writer's DEFAULT_FSYNC_EVERY_S).
 DEFAULT_MAX_BYTES: Final = 256 << 20
@@ -89,6 +90,8 @@ SGLANG_SWA_EVICTION_INTERVAL_DEFAULT: Final = 128
 # sglang's retraction test hook (envs.SGLANG_TEST_RETRACT): a retraction every INTERVAL forwards.
 SGLANG_TEST_RETRACT: Final = "SGLANG_TEST_RETRACT"
 SGLANG_TEST_RETRACT_INTERVAL: Final = "SGLANG_TEST_RETRACT_INTERVAL"
+# sglang's switch that makes every prefix match a miss (envs.SGLANG_RADIX_FORCE_MISS), read per match.
+SGLANG_RADIX_FORCE_MISS: Final = "SGLANG_RADIX_FORCE_MISS"
 
 # Reading limits (tracer/contract; docs/trace-format.md, "Safety limits" and "Reading untrusted files").
 # What one record may be: the reader's default max_record_bytes (a larger one is refused, not read).
@@ -112,6 +115,10 @@ MAX_KEYFRAME_INTERVAL: Final = 1024
 # keyframe to the delta (a stepped running row is built anew; a copied row costs 1 / COPIES_PER_BUILT_ROW of one).
 BUILT_ROWS_PER_BYTE: Final = 2
 COPIES_PER_BUILT_ROW: Final = 64  # a copied row is a reference (some 3 ns), a built one an object (some 220 ns)
+# What one seek may decode: the pass records from a keyframe through any pass after it hold at most this many
+# bytes, and no pass record is larger (v1 too). A pass of more (some 17,000 queued requests of real rows) is
+# written as a Loss; a record past it is damaged. It bounds a cold pass_at on any file (docs/trace-format.md).
+SEEK_BYTES: Final = 768 << 10
 # Bytes hashed for batches that fail, in units of the data's size (plus two batches): the search after damage.
 HASH_BUDGET: Final = 2
 LOCATE_BYTES: Final = 1 << 20  # how far into a failed batch the reader looks for the bad record

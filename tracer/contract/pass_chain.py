@@ -23,6 +23,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
@@ -33,7 +34,7 @@ from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatErro
 from schedtrace.tracer.contract.framing import Gap
 from schedtrace.tracer.contract.keyframes import cost_allowed
 from schedtrace.tracer.contract.names import (BUILT_ROWS_PER_BYTE, COPIES_PER_BUILT_ROW, MAX_KEYFRAME_INTERVAL,
-                                              MIN_ROW_BYTES)
+                                              MIN_ROW_BYTES, SEEK_BYTES)
 from schedtrace.tracer.contract.pass_index import number_passes, room
 from schedtrace.tracer.contract.schema import Pass, PassDelta, Record
 from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
@@ -41,15 +42,25 @@ from schedtrace.tracer.contract.verify import PEEK_BYTES, note_pass
 if TYPE_CHECKING:
     from schedtrace.tracer.contract.reader import TraceReader
 
+_gap_start = attrgetter("start")
+
+
+
+class _Spent(NamedTuple):
+    """What a chain has cost since its keyframe (at ``keyframe_at``): the bytes of its pass records, the keyframe's
+    included (``decoded``, at most SEEK_BYTES), and the rows its deltas copy and build (``cost``, rebuild_cost)."""
+
+    keyframe_at: int
+    decoded: int
+    cost: int = 0
 
 
 class _Rebuilt(NamedTuple):
-    """A pass rebuilt, with what its chain cost: ``cost`` (delta.rebuild_cost) since the keyframe at ``keyframe_at``."""
+    """A pass rebuilt, with what its chain cost."""
 
     n: int
     pass_: Pass
-    cost: int
-    keyframe_at: int
+    spent: _Spent
 
 
 class PassChain:
@@ -64,7 +75,7 @@ class PassChain:
         self._first_checked = False
         self._last: _Rebuilt | None = None  # the pass rebuilt last, to step on from
         self._lost: tuple[list[int], list[int], list[Gap]] | None = None
-        self.max_rows = reader.max_record_bytes // MIN_ROW_BYTES
+        self.max_rows = min(reader.max_record_bytes, SEEK_BYTES) // MIN_ROW_BYTES  # what one pass record could hold
 
     # --- the index ---
 
@@ -134,7 +145,7 @@ class PassChain:
             p = self._whole(k)
             if type(p) is not Pass:
                 raise self._reader._bad_record(offsets[k], f"keyframe {k} is not a whole pass record")
-            last = _Rebuilt(k, self._numbered(k, p), 0, offsets[k])
+            last = _Rebuilt(k, self._numbered(k, p), _Spent(offsets[k], self._reader.decoded_bytes))
         gap = self._lost_between(last.n, n)
         if gap is not None:
             raise TraceDamagedError(self._path, gap)
@@ -147,14 +158,15 @@ class PassChain:
 
     def _walked(self, last: _Rebuilt, n: int) -> _Rebuilt:
         """Pass ``n`` from the pass rebuilt last, building only pass ``n`` (delta.Walk)."""
-        p, cost, keyframe_at = last.pass_, last.cost, last.keyframe_at
+        p, spent = last.pass_, last.spent
         walk = Walk(p, self.max_rows)
-        first = self._reader.header.first_pass
+        reader = self._reader
+        first = reader.header.first_pass
         for i in range(last.n + 1, n + 1):
             offset = self._offsets[i]
-            record = self._reader._raw_record_at(offset)
+            record = reader._raw_record_at(offset)
             if type(record) is not PassDelta:  # a whole pass needs nothing before it
-                p, cost, keyframe_at = self._numbered(i, record), 0, offset
+                p, spent = self._numbered(i, record), _Spent(offset, reader.decoded_bytes)
                 walk = Walk(p, self.max_rows)
                 continue
             if record.seq != first + i:
@@ -164,9 +176,9 @@ class PassChain:
                 walk.apply(record)
             except DeltaError as exc:
                 raise self._reader._bad_record(offset, f"bad delta pass {record.seq}: {exc}") from None
-            cost = self._charged(cost, record, offset, keyframe_at)
+            spent = self._charged(spent, record, offset, reader.decoded_bytes)
         p = p if walk.delta is None else walk.rebuilt()  # seqs checked on the way: walk.seq is first + n
-        return _Rebuilt(n, p, cost, keyframe_at)
+        return _Rebuilt(n, p, spent)
 
     def _whole(self, n: int) -> Record | None:
         return self._reader._raw_record_at(self._offsets[n])
@@ -177,32 +189,35 @@ class PassChain:
         offset = self._offsets[n]
         record = self._reader._raw_record_at(offset)
         if type(record) is not PassDelta:  # a whole pass needs nothing before it (anything else fails _numbered)
-            return _Rebuilt(n, self._numbered(n, record), 0, offset)
-        p, cost = self.applied(last.pass_, record, offset, last.cost, last.keyframe_at)
-        return _Rebuilt(n, self._numbered(n, p), cost, last.keyframe_at)
+            return _Rebuilt(n, self._numbered(n, record), _Spent(offset, self._reader.decoded_bytes))
+        p, spent = self.applied(last.pass_, record, offset, self._reader.decoded_bytes, last.spent)
+        return _Rebuilt(n, self._numbered(n, p), spent)
 
-    def _charged(self, cost: int, delta: PassDelta, offset: int, keyframe_at: int) -> int:
-        """``cost`` (since the keyframe at ``keyframe_at``) and the delta's, within the format's budget.
+    def _charged(self, spent: _Spent, delta: PassDelta, offset: int, size: int) -> _Spent:
+        """What the chain has cost with ``delta`` (at ``offset``, ``size`` bytes), within the format's budgets.
 
         Charged once the delta applied, so that a delta that does not apply says why: one pass's rows at most
         are built past the budget, and a list copies no more rows than the pass before held (delta.plan)."""
-        cost += rebuild_cost(delta)
+        cost, decoded, keyframe_at = spent.cost + rebuild_cost(delta), spent.decoded + size, spent.keyframe_at
         span = offset - keyframe_at
+        if decoded > SEEK_BYTES:
+            raise self._reader._bad_record(offset, f"delta pass {delta.seq} makes a seek decode {decoded:,} bytes "
+                                           f"of pass records from its keyframe, more than {SEEK_BYTES:,}")
         if cost > cost_allowed(span):
             raise self._reader._bad_record(offset, f"delta pass {delta.seq} has the reader build "
                                            f"{cost // COPIES_PER_BUILT_ROW} rows since its keyframe {span} bytes "
                                            f"before, more than {BUILT_ROWS_PER_BYTE} a byte")
-        return cost
+        return _Spent(keyframe_at, decoded, cost)
 
-    def applied(self, p: Pass, delta: PassDelta, offset: int, cost: int, keyframe_at: int) -> tuple[Pass, int]:
-        """The pass ``delta`` (at ``offset``) makes of ``p``, and the chain's cost with it (``_charged``)."""
+    def applied(self, p: Pass, delta: PassDelta, offset: int, size: int, spent: _Spent) -> tuple[Pass, _Spent]:
+        """The pass ``delta`` (at ``offset``, ``size`` bytes) makes of ``p``, and what the chain has cost with it."""
         if delta.seq != p.seq + 1:
             raise self._reader._bad_record(offset, f"delta pass {delta.seq} does not follow pass {p.seq}")
         try:
             rebuilt = rebuild(p, delta, self.max_rows)
         except DeltaError as exc:
             raise self._reader._bad_record(offset, f"bad delta pass {delta.seq}: {exc}") from None
-        return rebuilt, self._charged(cost, delta, offset, keyframe_at)
+        return rebuilt, self._charged(spent, delta, offset, size)
 
     def _numbered(self, n: int, record: Record | None) -> Pass:
         offset = self._offsets[n]
@@ -222,14 +237,17 @@ class PassChain:
             yield from stream
             return
         base: Pass | None = None  # what the next delta applies to (None past a gap: wait for a keyframe)
-        base_at = run = cost = keyframe_at = -1  # run, cost: deltas since the keyframe, and their rebuild cost
+        base_at = run = -1  # run: deltas since the keyframe
+        spent = _Spent(-1, 0)
         started = False
+        reader = self._reader
         for offset, record in stream:
             kind = type(record)
             if kind is PassDelta:
+                size = reader.decoded_bytes  # taken first: _before decodes other records
                 if not started:  # the stream starts after the pass this delta is against
                     started, base_at = True, offset
-                    base, run, cost, keyframe_at = self._before(offset)
+                    base, run, spent = self._before(offset)
                 if base is not None and record.seq != base.seq + 1 and self._gap_after(base_at, offset):
                     base = None  # skipping damage: its chain crosses a gap
                 if base is None:
@@ -239,20 +257,20 @@ class PassChain:
                     if run >= MAX_KEYFRAME_INTERVAL:
                         raise self._reader._bad_record(offset, f"delta pass {record.seq} is {run} passes after "
                                                        f"its keyframe (at most {MAX_KEYFRAME_INTERVAL - 1})")
-                    record, cost = self.applied(base, record, offset, cost, keyframe_at)
+                    record, spent = self.applied(base, record, offset, size, spent)
                     base = record
                 except TraceDamagedError:  # reading on past damage: the passes after it wait for a keyframe
                     base = None
                     continue
                 base_at = offset
             elif kind is Pass:
-                started, base, base_at, run, cost, keyframe_at = True, record, offset, 0, 0, offset
+                started, base, base_at, run, spent = True, record, offset, 0, _Spent(offset, reader.decoded_bytes)
             yield offset, record
 
 
-    def _before(self, offset: int) -> tuple[Pass | None, int, int, int]:
-        """The pass before the delta at ``offset``, how many deltas after its keyframe it is, their rebuild
-        cost and the keyframe's offset."""
+    def _before(self, offset: int) -> tuple[Pass | None, int, _Spent]:
+        """The pass before the delta at ``offset``, how many deltas after its keyframe it is, and what its chain
+        has cost."""
         try:
             n = self.number_of(offset)
             if n == 0:
@@ -260,11 +278,11 @@ class PassChain:
             p = self.pass_at(n - 1)
         except TraceDamagedError:
             if self._reader.skip_damaged:
-                return None, 0, 0, 0
+                return None, 0, _Spent(-1, 0)
             raise
         keyframes, last = self._keyframes, self._last
         assert last is not None and last.n == n - 1
-        return p, n - 1 - keyframes[bisect_right(keyframes, n - 1) - 1], last.cost, last.keyframe_at
+        return p, n - 1 - keyframes[bisect_right(keyframes, n - 1) - 1], last.spent
 
     # --- what gaps cost ---
 
@@ -284,34 +302,23 @@ class PassChain:
 
     def _lost_ranges(self) -> tuple[list[int], list[int], list[Gap]]:
         """Per gap that holds passes: the first pass number in it and the one after (ascending)."""
-        offsets = self._offsets
-        starts, stops, held = [], [], []
-        for gap in self._reader._integrity().gaps:
-            start = bisect_left(offsets, gap.start)
-            stop = bisect_left(offsets, max(gap.end, gap.start + 1))
-            if stop > start:
-                starts.append(start)
-                stops.append(stop - 1)
-                held.append(gap)
-        return starts, stops, held
+        gaps = self._reader._integrity().gaps
+        held = gaps_holding(gaps, self._offsets)
+        return [start for _, start, _ in held], [stop - 1 for _, _, stop in held], [gaps[i] for i, _, _ in held]
 
     def with_orphans(self, gaps: list[Gap]) -> list[Gap]:
         """v2: each gap that holds passes, with the passes after it that cannot be rebuilt (``orphans``)."""
         if not self._deltas or not gaps:
             return gaps
-        offsets, out = self.offsets, []
-        keyframes = self._keyframes
-        spans = [(bisect_left(offsets, gap.start), bisect_left(offsets, max(gap.end, gap.start + 1))) for gap in gaps]
-        held = [start for start, stop in spans if stop > start]  # the first pass of each gap that holds passes
-        for gap, (start, stop) in zip(gaps, spans):
-            if stop > start:
-                at = bisect_left(keyframes, stop)
-                following = keyframes[at] if at < len(keyframes) else len(offsets)
-                later = bisect_left(held, stop)  # a later gap's passes are its own to count
-                if later < len(held):
-                    following = min(following, held[later])
-                gap = msgspec.structs.replace(gap, orphans=max(following - stop, 0))
-            out.append(gap)
+        offsets, keyframes, out = self.offsets, self._keyframes, list(gaps)
+        held = gaps_holding(gaps, offsets)
+        firsts = [start for _, start, _ in held]  # a later gap's passes are its own to count
+        for later, (i, start, stop) in enumerate(held, 1):
+            at = bisect_left(keyframes, stop)
+            following = keyframes[at] if at < len(keyframes) else len(offsets)
+            if later < len(firsts):
+                following = min(following, firsts[later])
+            out[i] = msgspec.structs.replace(gaps[i], orphans=max(following - stop, 0))
         return out
 
     # --- indexing a file without a footer ---
@@ -370,3 +377,21 @@ class PassChain:
                 return
             raise TraceFormatError(self._path, at, problem)
 
+
+def gaps_holding(gaps: list[Gap], offsets: array) -> list[tuple[int, int, int]]:
+    """(index into ``gaps``, its first pass, the pass after its last) of each gap that holds passes, in order;
+    looked up from whichever are fewer, the gaps or the passes (a file can hold a gap every 4 bytes)."""
+    if len(gaps) <= len(offsets):
+        spans = ((i, bisect_left(offsets, gap.start), bisect_left(offsets, max(gap.end, gap.start + 1)))
+                 for i, gap in enumerate(gaps))
+        return [span for span in spans if span[2] > span[1]]
+    starts = list(map(_gap_start, gaps))
+    held: list[tuple[int, int, int]] = []
+    for n, offset in enumerate(offsets):
+        i = bisect_right(starts, offset) - 1
+        if i >= 0 and offset < max(gaps[i].end, gaps[i].start + 1):
+            if held and held[-1][0] == i:
+                held[-1] = (i, held[-1][1], n + 1)
+            else:
+                held.append((i, n, n + 1))
+    return held

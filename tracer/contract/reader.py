@@ -27,7 +27,6 @@ returned records as read-only.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 from array import array
@@ -40,12 +39,13 @@ from typing import Final
 import msgspec
 
 from schedtrace.tracer.contract.codec import (ARRAYS, DATA_DECODERS, DECODERS, DELTA_TAG, MAX_RECORD_BYTES,
-                                             V1_DATA_DECODERS, peek_tag)
+                                             PASS_TAGS, V1_DATA_DECODERS, peek_tag)
 from schedtrace.tracer.contract.errors import TraceDamagedError, TraceFormatError, TraceNotFoundError, TraceVersionError
+from schedtrace.tracer.contract.fingerprint import file_fingerprint
 from schedtrace.tracer.contract.footer import read_footer
 from schedtrace.tracer.contract.frames import BadBytes, frame_end, frames, spans
 from schedtrace.tracer.contract.framing import MARKER_SIZE, MARKER_TAG, Gap, Marker, read_marker
-from schedtrace.tracer.contract.names import RELEASE_AFTER_CHECK_BYTES, UNKNOWN_TAGS
+from schedtrace.tracer.contract.names import RELEASE_AFTER_CHECK_BYTES, SEEK_BYTES, UNKNOWN_TAGS
 from schedtrace.tracer.contract.opening import read_framing, read_header
 from schedtrace.tracer.contract.pass_chain import PassChain
 from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_SIZE, TAIL_TAG, Footer, Pass, PassDelta, Record
@@ -53,7 +53,6 @@ from schedtrace.tracer.contract.verify import Integrity, check_framed, check_pla
 
 OTHER_TAGS: Final = "(other tags)"
 NOT_TAGGED: Final = "expected a tagged record array"
-FINGERPRINT_TAIL_BYTES: Final = 4096
 _gap_start = attrgetter("start")
 
 
@@ -65,6 +64,7 @@ class TraceReader:
         self.path = str(path)
         self.max_record_bytes = max_record_bytes
         self.skip_damaged = skip_damaged
+        self.decoded_bytes = 0  # the size of the record decoded last (the pass chain's seek budget)
         self._mm = self._view = None
         try:
             self._file = open(self.path, "rb")
@@ -182,12 +182,8 @@ class TraceReader:
         return self._integrity().data_end
 
     def fingerprint(self) -> str:
-        """Names this exact file: a hash of its header bytes, its size and its last bytes."""
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(self._mm[: self._header_end])
-        digest.update(self.file_size.to_bytes(8, "big"))
-        digest.update(self._mm[max(0, self.file_size - FINGERPRINT_TAIL_BYTES) :])
-        return f"blake2b:{digest.hexdigest()}"
+        """Names this exact file (fingerprint.py)."""
+        return file_fingerprint(self._mm, self._header_end, self.file_size)
 
     # --- records ---
 
@@ -437,14 +433,12 @@ class TraceReader:
                 unknown = self.unknown_records
                 unknown[tag if tag in unknown or len(unknown) < UNKNOWN_TAGS else OTHER_TAGS] += 1
                 return None
+        elif tag in PASS_TAGS and len(data) > SEEK_BYTES:
+            return self._refuse(offset, f"a {tag} record of {len(data):,} bytes, more than a pass may hold "
+                                f"({SEEK_BYTES:,})", end)
+        self.decoded_bytes = len(data)
         try:
             return decoder.decode(data)
         except msgspec.DecodeError as exc:
             return self._refuse(offset, f"bad {tag!r} record: {exc}", end)
 
-
-def combined_fingerprint(prints: list[str]) -> str:
-    """One name for several files (a rank's parts): one file's own fingerprint, or a hash of theirs."""
-    if len(prints) == 1:
-        return prints[0]
-    return f"blake2b:{hashlib.blake2b(''.join(prints).encode(), digest_size=16).hexdigest()}"

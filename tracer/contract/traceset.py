@@ -29,7 +29,7 @@ import msgspec
 from schedtrace.tracer.contract.errors import TraceSetError
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.framing import Gap
-from schedtrace.tracer.contract.reader import combined_fingerprint
+from schedtrace.tracer.contract.fingerprint import combined_fingerprint
 from schedtrace.tracer.contract.paths import MAX_FILES, expand_paths
 from schedtrace.tracer.contract.rank_keys import RankKey, rank_key, rank_label, run_key, shown
 from schedtrace.tracer.contract.schema import Header, Pass, Record

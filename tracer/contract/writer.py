@@ -30,6 +30,12 @@ counts only that. The writer stays usable: the next call writes after the
 last whole batch. If even the cut fails, the next call retries it first.
 After a failure (or a ``Loss`` record) the next pass is a keyframe: the
 passes a delta would refer to may not be in the file.
+
+A pass larger whole than any pass may be (``SEEK_BYTES``, the seek budget of
+keyframes.py) is not written, nor are its ``Alloc`` and ``Aiter`` events: a
+``Loss`` (reason ``pass_too_large``) counting them takes their place, the
+passes after it are numbered down to stay consecutive (their events too),
+and ``left_out`` lists what the call left out.
 """
 
 from __future__ import annotations
@@ -47,12 +53,15 @@ import msgspec
 from schedtrace.tracer.contract.codec import encode_into, offsets_to_bytes
 from schedtrace.tracer.contract.errors import TraceWriteError
 from schedtrace.tracer.contract.framing import MARKER_SIZE, SPLIT_BYTES, header_seed, marker_bytes
-from schedtrace.tracer.contract.keyframes import KeyframePolicy, PassEncoder
-from schedtrace.tracer.contract.schema import SCHEMA_VERSION, TAIL_PREFIX, Footer, Header, Loss, Pass, PassDelta, Record
+from schedtrace.tracer.contract.keyframes import KeyframePolicy, PassEncoder, encode_whole_into
+from schedtrace.tracer.contract.names import LOSS_PASS_TOO_LARGE
+from schedtrace.tracer.contract.schema import (SCHEMA_VERSION, TAIL_PREFIX, Aiter, Alloc, Footer, Header, Loss, Pass,
+                                               PassDelta, Record)
 
 DEFAULT_FSYNC_EVERY_S: Final = 1.0
 _NO_SPLIT: Final = 1 << 62
 _RESERVED: Final = bytes(MARKER_SIZE)  # room for a batch's marker, filled once the batch is encoded
+LOSS_TAG: Final = Loss.__struct_config__.tag
 
 
 class FileOps:
@@ -71,11 +80,13 @@ class FileOps:
 class _Cut:
     """One sealed batch inside the buffer: what the file gains if the bytes up to ``end`` land."""
 
-    __slots__ = ("end", "records", "passes", "keyframes", "tags")
+    __slots__ = ("end", "records", "passes", "keyframes", "tags", "taken")
 
-    def __init__(self, end: int, records: int, passes: int, tags: dict[str, int], keyframes: int = 0) -> None:
+    def __init__(self, end: int, records: int, passes: int, tags: dict[str, int], keyframes: int = 0,
+                 taken: int | None = None) -> None:
         self.end, self.records, self.passes, self.tags = end, records, passes, tags
         self.keyframes = keyframes  # of the call's keyframes, how many are in this cut or before it
+        self.taken = records if taken is None else taken  # the caller's records it holds, or left out
 
 
 class TraceWriter:
@@ -109,6 +120,8 @@ class TraceWriter:
         self._cut_pending = False
         self._pass_offsets = array("Q")
         self._keyframes = array("Q")  # v2: numbers of the passes written whole
+        self.first_pass = header.first_pass
+        self.left_out: list[Record] = []  # the last write's records written as a Loss (LOSS_PASS_TOO_LARGE)
         self._buffer = bytearray()
         self._synced_at = clock()
         self._seed = 0
@@ -180,13 +193,32 @@ class TraceWriter:
         count = 0
         if self.framed:
             buffer += _RESERVED
+        left_out = self.left_out = []
+        too_large: Loss | None = None  # in place of the pass left out last, and its events
+        passes_left_out = 0  # the passes after them are numbered down by as many
+        taken = 0  # the caller's records in the batch being encoded
         for record in records:
             kind = type(record)
+            taken += 1
+            if too_large is not None:
+                if kind is Alloc or kind is Aiter:  # an event of the pass left out goes with it
+                    too_large.count += 1
+                    left_out.append(record)
+                    continue
+                count = self._loss_into(too_large, buffer, tags, count)
+                too_large = None
+            if left_out:
+                _number_down(record, passes_left_out)
             if kind is Pass:
-                pass_offsets.append(base + len(buffer))
-                if passes is None:
-                    encode_into(record, buffer)
-                elif passes.encode_into(record, buffer):
+                at = base + len(buffer)
+                written = self._pass_into(record, buffer)
+                if written is None:
+                    too_large = Loss(record.t_ns, 1, LOSS_PASS_TOO_LARGE)
+                    left_out.append(record)
+                    passes_left_out += 1
+                    continue
+                pass_offsets.append(at)
+                if written:
                     keyframes.append(len(pass_offsets) - 1)
             else:
                 if kind is Loss and passes is not None:
@@ -198,24 +230,38 @@ class TraceWriter:
             tags[tag] = tags.get(tag, 0) + 1
             count += 1
             if len(buffer) - start >= split:
-                cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts, len(keyframes)))
-                start, tags, count = len(buffer), {}, 0
+                cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts, len(keyframes), taken))
+                start, tags, count, taken = len(buffer), {}, 0, 0
                 buffer += _RESERVED
+        if too_large is not None:
+            count = self._loss_into(too_large, buffer, tags, count)
         if count:
-            cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts, len(keyframes)))
+            cuts.append(self._seal(buffer, start, count, len(pass_offsets), tags, cuts, len(keyframes), taken))
         else:
             del buffer[start:]
         return cuts
 
+    def _pass_into(self, p: Pass, buffer: bytearray) -> bool | None:
+        """Encode ``p``: True if as a keyframe (v2), None if not at all (larger than any pass may be, SEEK_BYTES)."""
+        if self._passes is not None:
+            return self._passes.encode_into(p, buffer)
+        return False if encode_whole_into(p, buffer) else None
+
+    def _loss_into(self, loss: Loss, buffer: bytearray, tags: dict[str, int], count: int) -> int:
+        """Encode the ``Loss`` written for a pass left out; the batch's record count with it."""
+        encode_into(loss, buffer)
+        tags[LOSS_TAG] = tags.get(LOSS_TAG, 0) + 1
+        return count + 1
+
     def _seal(self, buffer: bytearray, start: int, count: int, passes: int, tags: dict[str, int],
-              cuts: list[_Cut], keyframes: int) -> _Cut:
+              cuts: list[_Cut], keyframes: int, taken: int | None = None) -> _Cut:
         """Fill in the reserved marker of the batch that starts at ``start`` (framed only)."""
         if self.framed:
             before = self._records + sum(cut.records for cut in cuts)
             with memoryview(buffer) as view, view[start + MARKER_SIZE :] as payload:
                 marker = marker_bytes(before, count, payload, self._seed)
             buffer[start : start + MARKER_SIZE] = marker
-        return _Cut(len(buffer), count, passes, tags, keyframes)
+        return _Cut(len(buffer), count, passes, tags, keyframes, taken)
 
     def _put(self, buffer: bytearray, cuts: list[_Cut], pass_offsets: array, keyframes: array) -> None:
         """Write ``buffer`` at the end of the file; keep the whole batches that land."""
@@ -224,7 +270,7 @@ class TraceWriter:
                 self._cut_back()
             except OSError as exc:
                 self.keyframe_next()
-                raise TraceWriteError(str(self.path), self._size, exc, 0, sum(cut.records for cut in cuts)) from None
+                raise TraceWriteError(str(self.path), self._size, exc, 0, sum(cut.taken for cut in cuts)) from None
         written, failure = self._write_at(buffer, self._size)
         kept = [cut for cut in cuts if cut.end <= written]
         for cut in kept:
@@ -237,7 +283,7 @@ class TraceWriter:
             self._size += kept[-1].end
         if failure is not None:
             self.keyframe_next()
-            lost = sum(cut.records for cut in cuts) - sum(cut.records for cut in kept)
+            lost = sum(cut.taken for cut in cuts) - sum(cut.taken for cut in kept)
             offset = self._size
             self._cut_pending = written > (kept[-1].end if kept else 0)
             if self._cut_pending:
@@ -245,7 +291,7 @@ class TraceWriter:
                     self._cut_back()
                 except OSError:
                     pass  # retried before the next write; until then the reader sees a torn tail
-            raise TraceWriteError(str(self.path), offset, failure, sum(cut.records for cut in kept), lost)
+            raise TraceWriteError(str(self.path), offset, failure, sum(cut.taken for cut in kept), lost)
         if self.fsync_every_s is not None and self._clock() - self._synced_at >= self.fsync_every_s:
             self._sync()
 
@@ -308,3 +354,13 @@ def write_trace(path: str | os.PathLike, header: Header, records: Iterable[Recor
     writer.write_many(records)
     writer.close(end_t_ns)
     return writer.path
+
+
+def _number_down(record: Record, passes: int) -> None:
+    """Pass numbers stay consecutive over the passes in the file: after ``passes`` left out, the later ones
+    (and the events that name them) move down by as many."""
+    kind = type(record)
+    if kind is Pass:
+        record.seq -= passes
+    elif kind is Alloc or kind is Aiter:
+        record.pass_seq -= passes

@@ -113,14 +113,19 @@ class PartFiles:
         if landed < len(records):
             self._lost(len(records) - landed)
             records = records[:landed]
-            self._number(records, start)  # the next pass number follows the last pass that landed
+        left_out = self._writer.left_out  # passes too large to write, with their events: a Loss holds them
+        if left_out and landed:
+            self._part_lost += len(left_out)
+            out = set(map(id, left_out))
+            records = [record for record in records if id(record) not in out]
+        self.next_pass_seq = self._writer.first_pass + self._writer.passes  # after the last pass that landed
         self._tally(records)
         self.bytes_written += self._writer.size - size_before
         self._after_write()
         return records
 
     def _number(self, records: list[Record], seq: int) -> None:
-        """Assign pass numbers from ``seq``; sets ``next_pass_seq`` past them."""
+        """Assign pass numbers from ``seq`` (``write`` then takes ``next_pass_seq`` from what the file holds)."""
         for record in records:
             kind = type(record)
             if kind is Pass:
@@ -128,7 +133,6 @@ class PartFiles:
                 seq += 1
             elif kind is Alloc or kind is Aiter:
                 record.pass_seq = seq - 1
-        self.next_pass_seq = seq
 
     def _tally(self, records: list[Record]) -> None:
         for record in records:

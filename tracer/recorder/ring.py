@@ -92,7 +92,10 @@ class Ring:
             scratch.clear()
             if type(record) is Pass:
                 record.seq, self._seq = self._seq, self._seq + 1
-                if self._passes.encode_into(record, scratch) and segment.keyframe is not None:
+                written = self._passes.encode_into(record, scratch)
+                if written is None:  # too large for any file: kept whole, the file's writer leaves it out
+                    encode_into(record, scratch)
+                elif written and segment.keyframe is not None:
                     segment = self._cut(reset=False)  # a keyframe of the encoder's own starts a segment too
                 if segment.keyframe is None:
                     segment.keyframe = len(segment.ends)

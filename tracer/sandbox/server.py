@@ -172,6 +172,7 @@ class SandboxServer:
     extra_args: more ``sglang.launch_server`` arguments (e.g. ``KV_PRESSURE_ARGS``); they win.
     log_path: where server output goes; default: a fresh temporary directory.
     env: more environment variables for the server (e.g. sglang's ``SGLANG_TEST_RETRACT``).
+    base_env: the environment the server inherits; default: this process's when it starts.
     """
 
     def __init__(
@@ -192,9 +193,11 @@ class SandboxServer:
         graceful_stop_s: float = DEFAULT_GRACEFUL_STOP_S,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         env: Mapping[str, str] | None = None,
+        base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.model = find_model(model)
         self.env = dict(env or {})
+        self.base_env = base_env
         self.dp = dp
         self.tp = max(tp, dp)
         self.pp = pp
@@ -245,7 +248,10 @@ class SandboxServer:
     def command(self) -> list[str]:
         return launch_command(self.port, self.extra_args, self.model, self.tp, self.dp, self.pp)
 
-    def environment(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The server's environment over ``base`` (default: ``base_env``, else this process's)."""
+        if base is None:
+            base = os.environ if self.base_env is None else self.base_env
         return server_env({**base, **self.env}, self.trace_dir, self.fixes, self.stand_ins, self.tp * self.pp)
 
     def start(self) -> "SandboxServer":
