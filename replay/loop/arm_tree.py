@@ -188,6 +188,8 @@ class ArmTree:
             elif req.output_len > req.inflight:  # its prefill's result was processed: the prompt is in
                 self._insert(req, self._blocks(req, req.input_len))
             else:  # under overlap, not yet: it lands with the first step's results
+                if req.tree_len:  # what its admission found in the tree (settle_start)
+                    self._insert(req, self._blocks(req, req.tree_len))
                 self._pending[req.rid] = self._blocks(req, req.input_len)
             self._held[req.rid] = req
         for req in state.waiting:

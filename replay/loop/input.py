@@ -137,8 +137,9 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
     initial = initial_state(start, targets, pools, page_size=max(1, header.server_args.page_size))
     initial.parked = _parked(reader, scan, from_pass, start_iteration, start.t_ns, initial, targets, pools)
     overlap = scan.overlap if header.overlap_schedule is None else header.overlap_schedule  # recorded, else inferred
+    previous = None
     if overlap and from_pass > 0:
-        at, previous = scan.position(from_pass), None
+        at = scan.position(from_pass)
         if at > 0 and scan.numbers[at - 1] == from_pass - 1:  # the record before, if it is the pass before
             previous = reader.pass_at(from_pass - 1)
             if scan.iteration_of(from_pass - 1) + max(previous.repeat, 1) != start_iteration:
@@ -182,7 +183,8 @@ def load_input(reader: TraceReader, from_pass: int = 0, scan: TraceScan | None =
         settle_start(initial, max(1, header.server_args.page_size), header.prefix_block,
                      MatchHistory([*matches, *kin_matches]), requeues,
                      keeps_own=not header.is_hybrid_mamba or pools.mamba_forks,
-                     prompts={a.rid: a.prefix_ids for a in scan.arrivals})
+                     prompts={a.rid: a.prefix_ids for a in scan.arrivals},
+                     in_tree_before={a.rid: a.prefix_len for a in previous.admitted} if previous else None)
     return LoopInput(
         header=header,
         from_pass=from_pass,

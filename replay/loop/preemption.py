@@ -35,4 +35,11 @@ class Releases:
         return available + self.frees[rid], evictable
 
 
+def requeued_at(pass_end_ns: int, order: int) -> int:
+    """When a pass's ``order``-th released request re-enters the queue: at the pass's end, one after
+    another (``_add_request_to_queue`` reads the clock for each), so the next preemption, which
+    takes the newest of the lowest priority first, tells them apart."""
+    return pass_end_ns + order
+
+
 NO_RELEASES: Final = Releases({})  # a scheduler without priority preemption never releases (counts is never called)

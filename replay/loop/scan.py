@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from schedtrace.replay.loop.clock import IdleMarks, PassClock
 from schedtrace.replay.loop.draws import RANDOM, Draw
+from schedtrace.replay.loop.preemption import requeued_at
 from schedtrace.replay.routing_keys import ROUTING_KEY, KeyTextOrder
 from schedtrace.tracer.contract.format import TraceReader
 from schedtrace.tracer.contract.names import FINISH_REJECTED
@@ -136,8 +137,9 @@ def scan_trace(reader: TraceReader) -> TraceScan:
                 if admitted.rid not in admitted_at:
                     admitted_at[admitted.rid] = index
                     first_prefills[admitted.rid] = (index, admitted.rid == record.new_chunked_rid, place)
-            for released in record.released or ():  # back in the queue at the pass's end
-                requeues.append(Retract(t_ns=record.t_ns + record.dur_ns, rid=released.rid, output_len=0))
+            for order, released in enumerate(record.released or ()):  # back in the queue at the pass's end
+                at = requeued_at(record.t_ns + record.dur_ns, order)
+                requeues.append(Retract(t_ns=at, rid=released.rid, output_len=0))
         elif isinstance(record, Retract):
             requeues.append(record)
         elif isinstance(record, Idle):

@@ -59,7 +59,7 @@ def share_duplicates(req: LoopReq, tokens: int, in_tree: list[LoopReq], step: St
 
 def settle_start(state: LoopState, page_size: int, block: int, history: MatchHistory | None = None,
                  requeues: dict[str, list[int]] | None = None, keeps_own: bool = True,
-                 prompts: dict[str, bytes] | None = None) -> None:
+                 prompts: dict[str, bytes] | None = None, in_tree_before: dict[str, int] | None = None) -> None:
     """A mid-trace start's requests as the tree holds them (full pool and mamba; ``block``: tokens
     per prefix id, 0 without ids). A running request whose prefill's result was processed has its
     prompt in the tree; one whose result is in flight (overlap) lands it after the first step; the
@@ -75,8 +75,13 @@ def settle_start(state: LoopState, page_size: int, block: int, history: MatchHis
     inserts fill ids): a running one its last requeue's; a waiting one the requeue's before that
     (none: its prompt), which it matches when its own inserts keep their state (``keeps_own``: a
     full pool, or a mamba tree whose checkpoints fork it), less what the recording's candidate rows
-    after its requeue show evicted (``ArrivalFeed``)."""
+    after its requeue show evicted (``ArrivalFeed``).
+
+    A prefill in flight at the start (overlap) already has in the tree what its admission found
+    there (``in_tree_before``: rid -> the prefix its admitting pass recorded): a match it locks, or
+    its own earlier chunks, whose duplicates the chunk's stash freed. Only the rest lands later."""
     requeues = requeues or {}
+    in_tree_before = in_tree_before or {}
     for req in state.waiting:
         outputs = requeues.get(req.rid)
         if keeps_own and req.output_len > 0 and outputs:
@@ -92,7 +97,9 @@ def settle_start(state: LoopState, page_size: int, block: int, history: MatchHis
             tokens = floor_page(req.input_len + requeues.get(req.rid, (0,))[-1], page_size)
         else:
             req.tree_landing = floor_page(req.input_len, page_size)
-            continue
+            tokens = floor_page(in_tree_before.get(req.rid, 0), page_size)
+            if not tokens:
+                continue
         if block and req.prefix_ids:
             best, source = _sharer(req, in_tree, block)
             if source is not None and history is not None:
