@@ -57,7 +57,7 @@ from schedtrace.replay.state import (
     RecordedTreeCache,
 )
 from schedtrace.replay.loop.draws import RANDOM
-from schedtrace.replay.loop.preemption import NO_RELEASES, Releases
+from schedtrace.replay.loop.preemption import NO_RELEASES, Releases, requeued_at
 from schedtrace.replay.aiter_dispatch import aiter_method
 from schedtrace.replay.pass_standins import AdmissionDone, Ratio, keep_rows, stop_init_new
 from schedtrace.replay.server_env import (PublishedConfig, per_request_envs, recorded_constants, recorded_grid,
@@ -195,10 +195,11 @@ class PassDriver:
 
     def requeue_released(self, p: Pass, rids: list[str]) -> None:
         """Requests ``p``'s preemption released re-enter the queue at the end of ``p``, one after another
-        in the order released (a nanosecond apart): the next preemption takes the newest first."""
-        at = p.t_ns + p.dur_ns
-        for n, rid in enumerate(rids):
-            self.book.requeued(rid, at + n)
+        in the order released: the next preemption takes the newest first. A running Req an arm that
+        did not release it kept holds the old entry time, so it goes, as a retraction's does."""
+        for order, rid in enumerate(rids):
+            self.book.requeued(rid, requeued_at(p.t_ns + p.dur_ns, order))
+            self._reqs.drop_running(rid)
 
     @property
     def reads_history(self) -> bool:

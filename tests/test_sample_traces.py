@@ -147,6 +147,20 @@ def test_requests_one_preemption_released_requeue_in_the_order_released() -> Non
     assert report.passes == 450
 
 
+STALE_VICTIM = Path(__file__).resolve().parent / "traces" / "fcfs-low-first-stale-victim.trace"
+
+
+def test_a_request_released_and_admitted_again_ranks_by_its_requeue_under_every_arm() -> None:
+    """``w0s2``, released at pass 95, re-entered the queue after ``w1f1m0`` arrived, so the preemption
+    at 187 takes it before ``w1f1m0``. The fixed arm, which had not released it at 95, kept its running
+    Req with the arrival's entry time; stock reused that Req at 187 and released ``w1f1m0`` (312/313)."""
+    with TraceReader(STALE_VICTIM) as reader:
+        released = {p.seq: [r.rid for r in p.released] for p in reader.passes() if p.released}
+    assert "fcfs-low-first-w0s2" in released[95] and "fcfs-low-first-w0s2" in released[187]
+    report = replay_trace(STALE_VICTIM, "stock", "fixed", jobs=1)
+    assert (report.fidelity.matched, report.fidelity.order_matched) == (report.fidelity.total, report.passes)
+
+
 def test_the_closed_loop_preempts_as_the_server_did() -> None:
     """Evolved by its own decisions, the stock arm's preemptions free the KV its loop holds,
     and their victims queue again: it admits every request when the server did."""
