@@ -27,11 +27,13 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
 
+from schedtrace.replay.req_copies import Pristine
 from schedtrace.replay.sglang_env import ensure_sglang_importable
 
 ensure_sglang_importable()
@@ -132,6 +134,8 @@ class TokenSource:
     _inputs: dict[tuple[str, int], tuple[bytes, array]] = field(default_factory=dict, repr=False)
     _inputs_held: int = 0
     INPUT_TOKENS_HELD: ClassVar[int] = 1 << 22  # 32 MiB of int64 tokens
+    # The Reqs sglang built for a waiting or chunked row, copied on a rebuild (None: built each time).
+    pristine: Pristine | None = None
 
     def token_for(self, rid: str) -> int:
         token = self.ids.get(rid)
@@ -174,9 +178,26 @@ class TokenSource:
         return out
 
 
-def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool, priority: int | None = None) -> Req:
+def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool,
+              priority: int | None = None) -> Req:
     if input_len < 0 or output_len < 0 or max_new < 0:
         raise ReplayStateError(f"request {rid!r}: negative length in the record")
+    return _build_req(tokens, rid, input_len, output_len, max_new, ignore_eos, priority)
+
+
+def _rebuilt_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool,
+                 priority: int | None = None) -> Req:
+    """``_make_req`` for a row rebuilt pass after pass: a copy of the Req sglang built for it first."""
+    pristine = tokens.pristine
+    if pristine is None or input_len < 0 or output_len < 0 or max_new < 0:
+        return _make_req(tokens, rid, input_len, output_len, max_new, ignore_eos, priority)
+    return pristine.get((rid, input_len, output_len, max_new, ignore_eos, priority), tokens.book.prefix_ids(rid),
+                        input_len + output_len,
+                        partial(_build_req, tokens, rid, input_len, output_len, max_new, ignore_eos, priority))
+
+
+def _build_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool,
+               priority: int | None) -> Req:
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
     req = Req(rid, "", tokens.input_tokens(rid, input_len), params, priority=priority)
     if output_len:
@@ -185,7 +206,7 @@ def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, ma
 
 
 def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
-    req = tokens.book.stamp(_make_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority))
+    req = tokens.book.stamp(_rebuilt_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority))
     # Queue order at pass entry is the arrival order the policies tie-break on.
     req.time_stats.wait_queue_entry_time = float(order)
     if w.output_len:
@@ -208,7 +229,7 @@ def running_req(tokens: TokenSource, r: RunningReq) -> Req:
 def chunked_req(tokens: TokenSource, c: ChunkedReq) -> Req:
     if not 0 <= c.prefix_len <= c.input_len + c.output_len:
         raise ReplayStateError(f"chunked request {c.rid!r}: prefix {c.prefix_len} outside its {c.input_len} tokens")
-    req = _make_req(tokens, c.rid, c.input_len, c.output_len, c.max_new_tokens, c.ignore_eos)
+    req = _rebuilt_req(tokens, c.rid, c.input_len, c.output_len, c.max_new_tokens, c.ignore_eos)
     req.refresh_fill_ids()
     req.prefix_len = c.prefix_len
     req.extend_end = c.prefix_len
@@ -238,37 +259,46 @@ class ReqCache:
         self.reset()
 
     def reset(self) -> None:
-        self.tokens = TokenSource(book=self.book)
-        self._running: dict[str, tuple[tuple, Req]] = {}  # rid -> (the row's fixed fields, its Req)
+        self.tokens = TokenSource(book=self.book, pristine=Pristine())
+        self._running: dict[str, tuple[int, int, bool, Req, int]] = {}  # rid -> _new_running's entry
         self._waiting: dict[tuple, Req] = {}
 
     def running_reqs(self, p: Pass) -> list[Req]:
         """The running Reqs of ``p``; take its waiting ones next (``waiting_reqs``), if at all."""
         if len(self._waiting) + len(self._running) > self.LIMIT:
             self.reset()
-        return [self._running_req(r) for r in p.running]
+        cache, out = self._running, []
+        for r in p.running:  # one loop, no call per row: this runs for every running request of every pass
+            entry = cache.get(r.rid)
+            if entry is None or entry[0] != r.input_len or entry[1] != r.max_new_tokens or entry[2] != r.ignore_eos:
+                out.append(self._new_running(r))
+                continue
+            req = entry[3]
+            output = req.output_ids  # decode grew it since the last pass: resize in place
+            grow = r.output_len - len(output)
+            if grow == 1:  # most passes: one decoded token
+                output.append(entry[4])
+            elif grow:
+                self._resize(output, r)
+            out.append(req)
+        return out
 
     def waiting_reqs(self, p: Pass) -> list[Req]:
         """The waiting Reqs of ``p``, in its order; call ``release`` after the pass."""
         return [self._waiting_req(w, n) for n, w in enumerate(p.waiting)]
 
-    def _running_req(self, r: RunningReq) -> Req:
-        fixed = (r.input_len, r.max_new_tokens, r.ignore_eos)
-        entry = self._running.get(r.rid)
-        if entry is None or entry[0] != fixed:
-            req = running_req(self.tokens, r)
-            self._running[r.rid] = (fixed, req)
-            return req
-        req = entry[1]
-        output = req.output_ids  # decode grew it since the last pass: resize in place
-        grow = r.output_len - len(output)
-        if grow == 1:  # most passes: one decoded token
-            output.append(self.tokens.token_for(r.rid))
-        elif grow > 1:
-            output.extend(self.tokens.tokens(r.rid, grow))
-        elif grow < 0:
-            del output[r.output_len :]
+    def _new_running(self, r: RunningReq) -> Req:
+        req = running_req(self.tokens, r)
+        # (the row's fixed fields, its Req, the token its output grows by)
+        self._running[r.rid] = (r.input_len, r.max_new_tokens, r.ignore_eos, req, self.tokens.token_for(r.rid))
         return req
+
+    def _resize(self, output: array, r: RunningReq) -> None:
+        grow = r.output_len - len(output)
+        if grow > 0:
+            output.extend(self.tokens.tokens(r.rid, grow))
+        else:
+            del output[r.output_len :]
 
     def _waiting_req(self, w: WaitingReq, order: int) -> Req:
         key = msgspec.structs.astuple(w)
