@@ -27,13 +27,11 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
 
-from schedtrace.replay.req_copies import Pristine
 from schedtrace.replay.sglang_env import ensure_sglang_importable
 
 ensure_sglang_importable()
@@ -134,8 +132,6 @@ class TokenSource:
     _inputs: dict[tuple[str, int], tuple[bytes, array]] = field(default_factory=dict, repr=False)
     _inputs_held: int = 0
     INPUT_TOKENS_HELD: ClassVar[int] = 1 << 22  # 32 MiB of int64 tokens
-    # The Reqs sglang built for a waiting or chunked row, copied on a rebuild (None: built each time).
-    pristine: Pristine | None = None
 
     def token_for(self, rid: str) -> int:
         token = self.ids.get(rid)
@@ -182,22 +178,6 @@ def _make_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, ma
               priority: int | None = None) -> Req:
     if input_len < 0 or output_len < 0 or max_new < 0:
         raise ReplayStateError(f"request {rid!r}: negative length in the record")
-    return _build_req(tokens, rid, input_len, output_len, max_new, ignore_eos, priority)
-
-
-def _rebuilt_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool,
-                 priority: int | None = None) -> Req:
-    """``_make_req`` for a row rebuilt pass after pass: a copy of the Req sglang built for it first."""
-    pristine = tokens.pristine
-    if pristine is None or input_len < 0 or output_len < 0 or max_new < 0:
-        return _make_req(tokens, rid, input_len, output_len, max_new, ignore_eos, priority)
-    return pristine.get((rid, input_len, output_len, max_new, ignore_eos, priority), tokens.book.prefix_ids(rid),
-                        input_len + output_len,
-                        partial(_build_req, tokens, rid, input_len, output_len, max_new, ignore_eos, priority))
-
-
-def _build_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, max_new: int, ignore_eos: bool,
-               priority: int | None) -> Req:
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos)
     req = Req(rid, "", tokens.input_tokens(rid, input_len), params, priority=priority)
     if output_len:
@@ -206,7 +186,7 @@ def _build_req(tokens: TokenSource, rid: str, input_len: int, output_len: int, m
 
 
 def waiting_req(tokens: TokenSource, w: WaitingReq, order: int) -> Req:
-    req = tokens.book.stamp(_rebuilt_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority))
+    req = tokens.book.stamp(_make_req(tokens, w.rid, w.input_len, w.output_len, w.max_new_tokens, w.ignore_eos, w.priority))
     # Queue order at pass entry is the arrival order the policies tie-break on.
     req.time_stats.wait_queue_entry_time = float(order)
     if w.output_len:
@@ -229,7 +209,7 @@ def running_req(tokens: TokenSource, r: RunningReq) -> Req:
 def chunked_req(tokens: TokenSource, c: ChunkedReq) -> Req:
     if not 0 <= c.prefix_len <= c.input_len + c.output_len:
         raise ReplayStateError(f"chunked request {c.rid!r}: prefix {c.prefix_len} outside its {c.input_len} tokens")
-    req = _rebuilt_req(tokens, c.rid, c.input_len, c.output_len, c.max_new_tokens, c.ignore_eos)
+    req = _make_req(tokens, c.rid, c.input_len, c.output_len, c.max_new_tokens, c.ignore_eos)
     req.refresh_fill_ids()
     req.prefix_len = c.prefix_len
     req.extend_end = c.prefix_len
@@ -259,7 +239,7 @@ class ReqCache:
         self.reset()
 
     def reset(self) -> None:
-        self.tokens = TokenSource(book=self.book, pristine=Pristine())
+        self.tokens = TokenSource(book=self.book)
         self._running: dict[str, tuple[int, int, bool, Req, int]] = {}  # rid -> _new_running's entry
         self._waiting: dict[tuple, Req] = {}
 
