@@ -14,6 +14,7 @@ import pytest
 from schedtrace.replay.loop.run import PassClock
 from schedtrace.replay.loop.ratio import RatioRule
 from schedtrace.replay.loop.state import LoopReq, LoopState, abort_chunked, apply_decision, ceil_page, to_pass
+from schedtrace.tracer.contract.prefix_ids import prefix_ids
 from schedtrace.tracer.contract.report import Decision
 
 
@@ -291,6 +292,23 @@ def test_the_borrower_keeps_the_shared_tokens_when_its_lender_finishes_first():
     assert (b.lender, b.kv_shared, b.kv_held) == (None, 0, 80 + 21)  # the 80 shared are its own now
     assert s2.evictable == 403 - 80  # h cached only what nobody else holds
     assert s2.pool_totals() == s.pool_totals()
+
+
+def test_a_protected_match_is_lent_by_the_prompt_its_ids_share_not_the_longest_running():
+    """A request of another family holds no page of the match, however long it runs: lent by it,
+    two borrowers of one family's prefix each took the pages over when both lenders left in one
+    step, and the loop held the prefix twice (600 tokens short of evictable on a fresh dfs-weight
+    recording from pass 225)."""
+    key, family = bytes(32), list(range(600))
+    other = running("other", input_len=1700, output_len=2, target=40)
+    other.prefix_ids = prefix_ids(key, list(range(5000, 6700)), 16)
+    sibling = running("sibling", input_len=900, output_len=2, target=6)
+    sibling.prefix_ids = prefix_ids(key, family + list(range(1000, 1300)), 16)
+    w = waiting("w", 700, prefix_len=600, target=20)
+    w.prefix_cached, w.prefix_ids = 0, prefix_ids(key, family + list(range(2000, 2100)), 16)
+    s = state(waiting=[w], running=[other, sibling], free=500)
+    after = apply_decision(s, Decision(admitted=[("w", 100)]), page_size=1, radix_cache=True, prefix_block=16)[0]
+    assert next(r for r in after.running if r.rid == "w").lender == "sibling"
 
 
 def test_a_protected_match_no_running_request_can_hold_is_allocated():

@@ -5,11 +5,12 @@ Pure: no sglang, no I/O (``schedtrace.replay.loop.state`` calls it). A
 waiting request's prefix match is in the radix cache; locking it takes
 what of it is evictable (``prefix_cached``, from the recorded
 ``Candidate.locked_evictable``; all of it when not recorded). The rest of
-the match is protected: other running requests hold it. The loop does not
-know the tree, so it lends that part from one running request whose
-prompt is long enough to hold it (the shortest such prompt); when that
-request leaves first, the borrower keeps the pages (``hand_over``): a
-tree node stays while any request locks it.
+the match is protected: other running requests hold it. It is lent from
+the running request that holds those pages: where the trace has prefix ids,
+one whose prompt agrees with the borrower's that far; else one whose prompt
+is long enough to hold it (the one to run longest). When the lender leaves
+first, a borrower keeps the pages (``hand_over``): a tree node stays while
+any request locks it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schedtrace.replay.loop.pools import StepPools, ceil_page, floor_page, hold, swa_window_tokens
+from schedtrace.replay.loop.tree_share import common_tokens
 from schedtrace.tracer.contract.report import Decision
 
 if TYPE_CHECKING:
@@ -40,16 +42,23 @@ def lockable(req: LoopReq, page_size: int) -> int:
     return prefix if req.prefix_cached is None else min(prefix, req.prefix_cached)
 
 
-def _lender(state: LoopState, shared: int) -> str | None:
-    """A running (or the chunked) request that can hold ``shared`` tokens of a prompt."""
+def _lender(state: LoopState, shared: int, ids: bytes = b"", block: int = 0) -> str | None:
+    """A running (or the chunked) request that can hold ``shared`` tokens of a prompt: where its
+    ids are known (``block`` tokens an id), one whose ids agree with them to the last whole block
+    (a request of another family shares no page of it, however long its prompt)."""
     holders = state.held()
     able = [r for r in holders if r.input_len >= shared and r.kv_held >= shared and r.output_len < r.target_output]
+    if ids and block:
+        whole = shared - shared % block
+        able = [r for r in able if r.prefix_ids and common_tokens(ids, r.prefix_ids, block) >= whole] or able
     # The one to run longest: a wrong guess then shows last.
     return max(able, key=lambda r: r.target_output - r.output_len).rid if able else None
 
 
-def admission_plan(state: LoopState, decision: Decision, page_size: int) -> tuple[int, dict[str, Admission]]:
-    """Tokens the pass allocates, and each admitted request's admission (the continuing chunk aside)."""
+def admission_plan(state: LoopState, decision: Decision, page_size: int,
+                   prefix_block: int = 0) -> tuple[int, dict[str, Admission]]:
+    """Tokens the pass allocates, and each admitted request's admission (the continuing chunk aside;
+    ``prefix_block``: tokens per prefix id, 0 without ids)."""
     by_rid = {r.rid: r for r in state.waiting}
     plans: dict[str, Admission] = {}
     need = 0
@@ -66,7 +75,7 @@ def admission_plan(state: LoopState, decision: Decision, page_size: int) -> tupl
             continue
         prefix = ceil_page(req.prefix_len, page_size)
         locked = lockable(req, page_size)
-        lender = _lender(state, prefix - locked) if prefix > locked else None
+        lender = _lender(state, prefix - locked, req.prefix_ids, prefix_block) if prefix > locked else None
         pinned = min(locked, cached)
         cached -= pinned
         # What is neither pinned nor lent is allocated: a cached match evicted here, or a

@@ -249,7 +249,7 @@ def apply_decision(
             _requeue(victim, state, step, state.requests())
     prefilled: list[LoopReq] = []  # prefills completed this pass: they run from the next pass
 
-    need, plans = admission_plan(state, decision, page_size)
+    need, plans = admission_plan(state, decision, page_size, prefix_block)
     # The SWA side pages the same new pages; each new request takes its mamba slots.
     slots = len(plans) * pools.mamba_slots_per_req
     shortfall = step.kv.shortfall(need)
