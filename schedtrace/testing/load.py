@@ -24,6 +24,7 @@ from schedtrace.testing.requests import FIRST_WORD, VOCAB_SIZE
 ABORT_POLL_ENV = {"SGLANG_REQUEST_STATE_WAIT_TIMEOUT": "1"}
 ABORT_INPUT_LEN = 3000
 ABORT_NEW_TOKENS = 3000  # far more than a CPU sandbox decodes before the poll
+FAMILY_PREFIX = 600  # tokens a family's prompts share
 
 @dataclass(frozen=True)
 class Request:
@@ -49,7 +50,7 @@ def policy_requests(tag: str, *, priorities: bool = False, aborts: int = 2, seed
     out: list[Request] = []
     for wave in range(3):
         for family in range(2):
-            prefix = _ids(rng, 600)
+            prefix = _ids(rng, FAMILY_PREFIX)
             for member in range(4):
                 prio = rng.randrange(0, 3) if priorities else None
                 out.append(Request(f"{tag}-w{wave}f{family}m{member}", prefix + _ids(rng, rng.randrange(40, 400)),
@@ -62,7 +63,19 @@ def policy_requests(tag: str, *, priorities: bool = False, aborts: int = 2, seed
     for n in range(aborts):
         out.append(Request(f"{tag}-abort{n}", _ids(rng, ABORT_INPUT_LEN), ABORT_NEW_TOKENS, 0 if priorities else None,
                            abort_after_s=1.0, delay_s=0.5 + n))
-    return out
+    return _distinct_first_words(out)
+
+
+def _distinct_first_words(requests: list[Request]) -> list[Request]:
+    """Each prompt begins with a word of its own, and a family's prompts with the family's. In a
+    512-word vocabulary random prompts share a first word by chance, and such a one-token match
+    makes a tree branch no prefix id can name (docs/closed-loop.md, the dfs-weight ties); real
+    prompts share a template or nothing."""
+    words: dict[tuple[int, ...], int] = {}  # a prompt's family prefix -> its first word
+    for request in requests:
+        family = tuple(request.input_ids[:FAMILY_PREFIX])
+        request.input_ids[0] = words.setdefault(family, FIRST_WORD + len(words))
+    return requests
 
 
 def send(url: str, request: Request, timeout_s: float = 300.0) -> str:
